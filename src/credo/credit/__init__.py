@@ -1,0 +1,25 @@
+"""Advantage estimators: pure functions of a :class:`~credo.data.RolloutForest`.
+
+Importing this package registers every built-in estimator.
+"""
+
+from credo.credit import grpo as _grpo  # noqa: F401  (registers grpo, dr_grpo, rloo)
+from credo.credit.registry import (
+    ESTIMATORS,
+    compute_advantages,
+    estimator_names,
+    estimator_state_factory,
+    get_estimator,
+    register_estimator,
+    validate_estimator,
+)
+
+__all__ = [
+    "ESTIMATORS",
+    "compute_advantages",
+    "estimator_names",
+    "estimator_state_factory",
+    "get_estimator",
+    "register_estimator",
+    "validate_estimator",
+]

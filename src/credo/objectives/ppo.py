@@ -1,0 +1,95 @@
+"""PPO-clip surrogate with token-level importance ratios.
+
+Schulman et al. 2017, https://arxiv.org/abs/1707.06347; dual clip from Ye et al. 2020,
+https://arxiv.org/abs/1912.09729 (verl's ``compute_policy_loss``). Per token, with
+ρ = π_θ/π_old:
+
+    ℓ = max(−Aρ, −A·clip(ρ, 1−ε_low, 1+ε_high))
+    for A < 0 (dual clip, c > 1):  ℓ = min(ℓ, −A·c)
+
+aggregated with the weights in ``inputs.weights`` (see
+:mod:`credo.objectives.aggregation`). [code]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from credo.objectives.inputs import LossInputs
+from credo.objectives.registry import register_loss
+
+__all__ = ["ppo_clip", "ppo_token_loss"]
+
+
+def ppo_token_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-element clipped surrogate.
+
+    Args:
+        log_ratio: ``[...]`` log π_θ − log π_old (any shape: tokens, turns, sequences).
+        advantages: ``[...]`` same shape.
+        clip_low, clip_high: ε_low, ε_high.
+        dual_clip: c (> 1) or ``None`` to disable.
+
+    Returns:
+        ``(loss [...], clipped [...] bool)``: ``clipped`` marks elements where the clip
+        (either bound or the dual clip) set the value.
+    """
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    surr = -advantages * ratio
+    surr_clip = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(surr, surr_clip)
+    clipped = surr_clip > surr
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or null to disable), got {dual_clip}")
+        cap = -advantages * dual_clip
+        dual = (advantages < 0) & (loss > cap)
+        loss = torch.where(dual, cap, loss)
+        clipped = clipped | dual
+    return loss, clipped
+
+
+@register_loss("ppo")
+def ppo_clip(
+    inputs: LossInputs,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO-clip with token-level ratios.
+
+    Args:
+        inputs: the batch (``logprobs``, ``old_logprobs``, ``advantages``, ``mask``,
+            ``weights`` all ``[B, L]``).
+        clip_low: ε_low, lower clip 1−ε_low (default 0.2).
+        clip_high: ε_high, upper clip 1+ε_high (default 0.2; DAPO uses 0.28).
+        dual_clip: c for negative advantages (default 3.0; ``None`` disables).
+
+    Returns:
+        ``(loss, metrics)`` with ``loss/policy``, ``policy/clip_frac``,
+        ``policy/approx_kl`` (k3 between π_old and π_θ), ``policy/ratio_mean``.
+    """
+    m = inputs.mask
+    w = torch.where(m, inputs.weights, torch.zeros_like(inputs.weights))
+    log_ratio = torch.where(m, inputs.logprobs - inputs.old_logprobs, torch.zeros_like(w))
+    loss_tok, clipped = ppo_token_loss(
+        log_ratio, inputs.advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+    )
+    loss = (loss_tok * w).sum()
+    with torch.no_grad():
+        lr = log_ratio.detach()
+        metrics = {
+            "loss/policy": loss.detach(),
+            "policy/clip_frac": (clipped.float() * w).sum(),
+            "policy/approx_kl": ((torch.exp(-lr) - 1 + lr) * w).sum(),
+            "policy/ratio_mean": (torch.exp(lr.clamp(-20, 20)) * w).sum(),
+        }
+    return loss, metrics
