@@ -479,8 +479,12 @@ class ForestBuilder:
     def __len__(self) -> int:
         return len(self._cols["group"])
 
-    def add(self, group: int, parent: int, step: Step, **extras: float) -> int:
-        """Append ``step`` as a child of row ``parent`` (−1 for a root); returns its row."""
+    def add(self, group: int, parent: int, step: Step, **extras: float | int) -> int:
+        """Append ``step`` as a child of row ``parent`` (−1 for a root); returns its row.
+
+        ``extras`` become per-row extra columns (int values → int64, floats → float32;
+        rows that do not set a column get 0).
+        """
         n = len(self)
         if parent >= n:
             raise ValueError(f"parent {parent} does not exist yet (rows: {n})")
@@ -501,10 +505,10 @@ class ForestBuilder:
         self._obs.append(step.observation)
         self._act.append(step.action)
         for k, v in extras.items():
-            self._extras.setdefault(k, [0.0] * n).append(float(v))
+            self._extras.setdefault(k, [0] * n).append(v)
         for lst in self._extras.values():
             if len(lst) < n + 1:
-                lst.append(0.0)
+                lst.append(0)
         return n
 
     def mark_success(self, row: int, success: bool) -> None:
@@ -529,7 +533,12 @@ class ForestBuilder:
             old_logprobs=self._logprobs,
             observations=self._obs,
             actions=self._act,
-            extras={k: torch.tensor(v, dtype=torch.float32) for k, v in self._extras.items()},
+            extras={
+                k: torch.tensor(v, dtype=torch.long)
+                if all(isinstance(x, (int, bool)) for x in v)
+                else torch.tensor(v, dtype=torch.float32)
+                for k, v in self._extras.items()
+            },
         )
 
 
