@@ -3,28 +3,49 @@
 Importing this package registers every built-in loss and aggregation mode.
 """
 
+from credo.objectives import hpo as _hpo  # noqa: F401  (registers "holder", "holder_token")
+from credo.objectives import klpo as _klpo  # noqa: F401  (registers "klpo", "klpo_seq")
 from credo.objectives import ppo as _ppo  # noqa: F401  (registers "ppo")
+from credo.objectives import rapo as _rapo  # noqa: F401  (registers "ppo_rapo")
 from credo.objectives.aggregation import (
     AGGREGATIONS,
     aggregate,
     aggregation_weights,
     register_aggregation,
+    validate_aggregation,
 )
 from credo.objectives.inputs import LossInputs
-from credo.objectives.kl import KL_ESTIMATORS, kl_estimate
+from credo.objectives.kl import (
+    KL_ESTIMATORS,
+    kl_binary,
+    kl_diagnostics,
+    kl_estimate,
+    kl_loss,
+    kl_reward_penalty,
+    kl_topk,
+)
+from credo.objectives.ratios import RATIO_LEVELS, log_ratio
 from credo.objectives.registry import LOSSES, get_loss, loss_names, register_loss, validate_loss
 
 __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "LOSSES",
+    "RATIO_LEVELS",
     "LossInputs",
     "aggregate",
     "aggregation_weights",
     "get_loss",
+    "kl_binary",
+    "kl_diagnostics",
     "kl_estimate",
+    "kl_loss",
+    "kl_reward_penalty",
+    "kl_topk",
+    "log_ratio",
     "loss_names",
     "register_aggregation",
     "register_loss",
+    "validate_aggregation",
     "validate_loss",
 ]

@@ -29,7 +29,18 @@ class LossInputs:
         ref_logprobs: ``[B, L]`` log π_ref of a frozen reference, or ``None``.
         entropy: ``[B, L]`` policy entropy per position (no grad needed), or ``None``.
         step: the training iteration (for schedules such as HPO's p).
-        extras: other per-token or per-row tensors a loss may need.
+        extras: other per-token or per-row tensors a loss may need. Keys read by the
+            built-in losses (a row-level tensor has ``B`` as its first dimension):
+
+            - ``aux_logprobs`` ``[B, L, M]``: trainer log-probs of M auxiliary tokens drawn
+              from the sampler at each position (``klpo``, ``klpo_seq`` with ``kl="mc"``);
+              ``aux_old_logprobs`` ``[B, L, M]``: the sampler's log-probs of the same
+              draws; ``aux_mask`` ``[B, L, M]`` bool: valid draws (optional).
+            - ``topk_logprobs`` / ``topk_old_logprobs`` ``[B, L, K]``: trainer / sampler
+              log-probs of the sampler's K most likely tokens (``kl="topk"``).
+            - ``ref_logprobs_profile`` / ``ref_logprobs_plain`` ``[B, L]``: reference
+              log-probs with / without the profile in the prompt (``ppo_rapo``);
+              ``rapo_range`` ``[2]``: the whole mini-batch's (min, max) of their difference.
     """
 
     logprobs: torch.Tensor

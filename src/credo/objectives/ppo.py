@@ -1,14 +1,17 @@
-"""PPO-clip surrogate with token-level importance ratios.
+"""PPO-clip surrogate with token-, turn- or sequence-level importance ratios.
 
 Schulman et al. 2017, https://arxiv.org/abs/1707.06347; dual clip from Ye et al. 2020,
 https://arxiv.org/abs/1912.09729 (verl's ``compute_policy_loss``). Per token, with
-ρ = π_θ/π_old:
+ρ = π_θ/π_old at the chosen level (see :mod:`credo.objectives.ratios`):
 
     ℓ = max(−Aρ, −A·clip(ρ, 1−ε_low, 1+ε_high))
     for A < 0 (dual clip, c > 1):  ℓ = min(ℓ, −A·c)
 
 aggregated with the weights in ``inputs.weights`` (see
-:mod:`credo.objectives.aggregation`). [code]
+:mod:`credo.objectives.aggregation`). ``ratio_level="sequence"`` with
+``dual_clip=None`` and ``seq-mean-token-mean`` weights is verl's ``gspo`` loss (GSPO,
+https://arxiv.org/abs/2507.18071, one row per sequence); ``ratio_level="turn"`` is ROLL's
+``segment`` ratio. [code]
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import torch
 
 from credo.objectives.inputs import LossInputs
+from credo.objectives.metrics import masked_weights, policy_metrics
+from credo.objectives.ratios import RATIO_LEVELS, log_ratio, token_log_ratio
 from credo.objectives.registry import register_loss
 
 __all__ = ["ppo_clip", "ppo_token_loss"]
@@ -56,40 +61,54 @@ def ppo_token_loss(
     return loss, clipped
 
 
-@register_loss("ppo")
+@register_loss("ppo", aggregation="token-mean")
 def ppo_clip(
     inputs: LossInputs,
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = 3.0,
+    ratio_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clip with token-level ratios.
+    """PPO-clip with token-, turn- or sequence-level ratios.
 
     Args:
         inputs: the batch (``logprobs``, ``old_logprobs``, ``advantages``, ``mask``,
-            ``weights`` all ``[B, L]``).
+            ``weights`` all ``[B, L]``; ``episode`` ``[B]`` for the sequence level;
+            ``entropy`` optional).
         clip_low: ε_low, lower clip 1−ε_low (default 0.2).
         clip_high: ε_high, upper clip 1+ε_high (default 0.2; DAPO uses 0.28).
-        dual_clip: c for negative advantages (default 3.0; ``None`` disables).
+        dual_clip: c for negative advantages (default 3.0; ``None`` disables; GSPO and
+            verl's ``gspo`` use none).
+        ratio_level: ``token`` (default, PPO/GRPO), ``turn`` (geometric mean over each
+            row's tokens, ROLL's ``segment``) or ``sequence`` (GSPO over each episode; its
+            rows must be in the same micro-batch). See :mod:`credo.objectives.ratios`.
 
     Returns:
         ``(loss, metrics)`` with ``loss/policy``, ``policy/clip_frac``,
-        ``policy/approx_kl`` (k3 between π_old and π_θ), ``policy/ratio_mean``.
+        ``policy/approx_kl`` (k3 between π_old and π_θ, per token),
+        ``policy/ratio_mean`` and ``policy/ratio_sq_mean`` (of the level's ratio) and
+        ``policy/entropy`` when ``inputs.entropy`` is given; all ``Σ w·x``.
     """
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(
+            f"ppo: unknown ratio_level {ratio_level!r}; valid: {', '.join(RATIO_LEVELS)}"
+        )
     m = inputs.mask
-    w = torch.where(m, inputs.weights, torch.zeros_like(inputs.weights))
-    log_ratio = torch.where(m, inputs.logprobs - inputs.old_logprobs, torch.zeros_like(w))
+    w = masked_weights(inputs.weights, m)
+    lr = log_ratio(ratio_level, inputs.logprobs, inputs.old_logprobs, m, inputs.episode)
+    adv = torch.where(m, inputs.advantages, torch.zeros_like(inputs.advantages))
     loss_tok, clipped = ppo_token_loss(
-        log_ratio, inputs.advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+        lr, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
     )
     loss = (loss_tok * w).sum()
-    with torch.no_grad():
-        lr = log_ratio.detach()
-        metrics = {
-            "loss/policy": loss.detach(),
-            "policy/clip_frac": (clipped.float() * w).sum(),
-            "policy/approx_kl": ((torch.exp(-lr) - 1 + lr) * w).sum(),
-            "policy/ratio_mean": (torch.exp(lr.clamp(-20, 20)) * w).sum(),
-        }
+    metrics = policy_metrics(
+        loss=loss,
+        weights=w,
+        token_log_ratio=token_log_ratio(inputs.logprobs, inputs.old_logprobs, m),
+        ratio=torch.exp(lr.detach().clamp(-20.0, 20.0)),
+        clipped=clipped,
+        entropy=inputs.entropy,
+        mask=m,
+    )
     return loss, metrics
