@@ -62,6 +62,11 @@ def test_all_failed_group_with_a_recovered_set() -> None:
     close(axpo(forest), [1, 1, 0, 0, R2, -R2, -R2])
     # recovery_coef 0.5 halves the prefix; Dr.GRPO gives the set ±0.5
     close(axpo(forest, recovery_coef=0.5, norm_by_std=False), [0.5, 0.5, 0, 0, 0.5, -0.5, -0.5])
+    # partial credit: the first original fails with R = 0.5. The baseline is the
+    # originals' success rate (0), not their mean return (0.25): the prefix still gets 1.
+    # originals R = (0.5, 0): ±0.70711 on rows 2 and 3.
+    partial = RolloutForest.from_columns(**{**ALL_FAILED, "reward": [0, 0, 0.5, 0, 1, 0, 0]})
+    close(axpo(partial), [1, 1, R2, -R2, R2, -R2, -R2])
     # without recovery (all resamples fail too): y = 0 → the prefix gets 0, the set 0
     failed = RolloutForest.from_columns(**{**ALL_FAILED, "reward": [0] * 7, "success": [0] * 7})
     close(axpo(failed), [0] * 7)

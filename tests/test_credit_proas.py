@@ -279,6 +279,32 @@ def test_decay_forgets() -> None:
     assert g.num_edges == 0 and g.num_goals == 0 and g.num_updates == 3
 
 
+def test_decay_and_pruning_change_the_result() -> None:
+    # G = shop_graph + a success 5→2, 2→3, 3→4: edge 5→2 seen once; d(5) = 3.
+    def graph(decay: float) -> ProgressGraph:
+        g = shop_graph(decay=decay, min_count=0.6)
+        g.add_episodes(build(chain(0, [(5, 2), (2, 3), (3, 4)], reward=1, success=True)))
+        return g
+
+    # Call 1, E1 = 1→2, 2→5, 5→5, 5→2: steps 0 and 3 are edges → masked; N_u = 2.
+    #   progress (yes, no, no, yes: 3 → 2) → drift (2, 2, 1, 0); unmasked Σ = 3
+    #   → A·2·(2, 1)/3 = (4A/3, 2A/3) on steps 1, 2
+    first = [R2, 0, R2, R2, 0, -4 * R2 / 3, -2 * R2 / 3, 0]
+    # The update after call 1 decays 5→2 to 0.5 < min_count 0.6 (the others are seen
+    # again in E0) → forgotten; call 2 labels 5→2 unreasonable: the default example's
+    # (0, 2A, A, 0). Without decay, call 2 repeats call 1.
+    g = graph(0.5)
+    close(proas(LINEAR, state=g), first)
+    close(proas(LINEAR, state=g), [R2, 0, R2, R2, 0, -2 * R2, -R2, 0])
+    g = graph(1.0)
+    close(proas(LINEAR, state=g), first)
+    close(proas(LINEAR, state=g), first)
+    # Pruning 90 % of shop_graph's 3 edges removes round(2.7) = 3: G is empty → GRPO.
+    h = shop_graph(prune_frac=0.9)
+    close(proas(LINEAR, state=h), grpo(LINEAR).tolist())
+    assert h.pruned and h.num_goals == 1
+
+
 def test_state_dict_round_trip() -> None:
     g = ProgressGraph(decay=0.9)
     demo = build(
