@@ -3,7 +3,10 @@
 Importing this package registers every built-in estimator.
 """
 
+from credo.credit import axpo as _axpo  # noqa: F401  (registers axpo)
 from credo.credit import grpo as _grpo  # noqa: F401  (registers grpo, dr_grpo, rloo)
+from credo.credit import proas as _proas  # noqa: F401  (registers proas)
+from credo.credit import tsbpo as _tsbpo  # noqa: F401  (registers tsbpo)
 from credo.credit.registry import (
     ESTIMATORS,
     compute_advantages,
