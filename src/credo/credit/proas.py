@@ -70,7 +70,7 @@ import torch
 from credo.credit.grpo import episode_group_advantage
 from credo.credit.registry import register_estimator
 from credo.data import EpisodeIndex, RolloutForest
-from credo.data.ops import hash_key, segment_mean, segment_sum
+from credo.data.ops import compact_ids, hash_key, segment_mean, segment_sum
 
 __all__ = [
     "ProgressGraph",
@@ -122,19 +122,8 @@ def progress_states(forest: RolloutForest) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _row_ids(table: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Dense ids of the rows of an int64 ``table [M, d]``: equal rows ↔ equal ids.
-
-    Ids follow the lexicographic order of the rows. Built column by column with 1-D
-    ``torch.unique`` (much faster than ``unique(dim=0)``); re-densified after each column
-    so that ``id · K + next`` stays below M² (no int64 overflow).
-    """
-    ids = torch.zeros(table.shape[0], dtype=torch.long)
-    num = 1
-    for c in range(table.shape[1]):
-        uniq, inverse = torch.unique(table[:, c], return_inverse=True)
-        uniq, ids = torch.unique(ids * uniq.numel() + inverse, return_inverse=True)
-        num = uniq.numel()
-    return ids, num
+    """Dense ids of the rows of an int64 ``table [M, d]`` (lexicographic order)."""
+    return compact_ids(*table.unbind(1))
 
 
 def _merge(

@@ -49,11 +49,18 @@ def compact_ids(*keys: torch.Tensor) -> tuple[torch.Tensor, int]:
     if not keys:
         raise ValueError("compact_ids needs at least one key tensor")
     n = keys[0].numel()
+    ids = torch.zeros(n, dtype=torch.long)
     if n == 0:
-        return torch.zeros(0, dtype=torch.long), 0
-    stacked = torch.stack([k.to(torch.long) for k in keys], dim=1)
-    _, inverse = torch.unique(stacked, dim=0, return_inverse=True)
-    return inverse, int(inverse.max().item()) + 1
+        return ids, 0
+    # Column by column with 1-D unique (much faster than unique(dim=0)); re-densified
+    # after each column so that id·K + next stays small (no int64 overflow). Ids keep
+    # the lexicographic order of the key tuples.
+    num = 1
+    for key in keys:
+        uniq, inverse = torch.unique(key.to(torch.long).reshape(-1), return_inverse=True)
+        uniq_ids, ids = torch.unique(ids * uniq.numel() + inverse, return_inverse=True)
+        num = uniq_ids.numel()
+    return ids, num
 
 
 def segment_sum(values: torch.Tensor, index: torch.Tensor, num: int) -> torch.Tensor:
