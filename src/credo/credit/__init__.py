@@ -3,6 +3,9 @@
 Importing this package registers every built-in estimator.
 """
 
+from credo.credit import gigpo as _gigpo  # noqa: F401  (registers gigpo)
+from credo.credit import graph as _graph  # noqa: F401  (registers graph)
+from credo.credit import graphpo as _graphpo  # noqa: F401  (registers graphpo)
 from credo.credit import grpo as _grpo  # noqa: F401  (registers grpo, dr_grpo, rloo)
 from credo.credit.registry import (
     ESTIMATORS,
