@@ -110,11 +110,12 @@ def gigpo_step_advantage(
     _check(mode, "steps")
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    nodes = state_nodes(forest, similarity_threshold=similarity_threshold)
+    if similarity_threshold is None:  # exact anchors: (group, state) pairs
+        anchor, num = compact_ids(forest.group, forest.state)
+    else:
+        anchor, _, num = state_nodes(forest, similarity_threshold=similarity_threshold)
     ret = forest.discounted_returns(gamma) - invalid_penalty * (~forest.valid).double()
-    return segment_zscore(
-        ret, nodes.src, nodes.num_nodes, norm_by_std=(mode == "mean_std_norm"), eps=eps
-    )
+    return segment_zscore(ret, anchor, num, norm_by_std=(mode == "mean_std_norm"), eps=eps)
 
 
 @register_estimator("gigpo")

@@ -24,6 +24,7 @@ similarity path compares strings in Python (O(keys × clusters) ratios per group
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -152,9 +153,10 @@ def bellman_values(
 
     ``V(n) ← backup_{e=(n→n')} [r_e + γ · V(n') · (1 − terminal_e)]``, starting from
     ``V = 0``, all nodes updated at once (Jacobi) until ``max |ΔV| < tol`` or
-    ``max_iters`` sweeps. A terminal edge leads to the absorbing terminal node (value 0);
-    a node without out-edges (end of a truncated episode) has value 0. γ < 1 makes the
-    update a γ-contraction, so it converges even on cycles; on an acyclic graph it is
+    ``max_iters`` sweeps (then a ``RuntimeWarning``). A terminal edge leads to the
+    absorbing terminal node (value 0); a node without out-edges (end of a truncated
+    episode) has value 0. γ < 1 makes the update a γ-contraction, so it converges even on
+    cycles (the error after stopping is below tol·γ/(1 − γ)); on an acyclic graph it is
     exact after (longest path + 1) sweeps for any γ ≤ 1.
 
     Args:
@@ -185,6 +187,7 @@ def bellman_values(
         return v
     count = segment_count(src, num_nodes)
     has_out = count > 0
+    change = float("inf")
     for _ in range(max_iters):
         q = r + cont * v[dst]
         if backup == "mean":
@@ -195,6 +198,13 @@ def bellman_values(
         v = new
         if change < tol:
             break
+    else:
+        warnings.warn(
+            f"Bellman iteration stopped after max_iters={max_iters} sweeps with a last change "
+            f"of {change:.3g} >= tol={tol} (γ = 1 on a graph with cycles does not converge)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return v
 
 
