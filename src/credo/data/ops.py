@@ -51,15 +51,28 @@ def compact_ids(*keys: torch.Tensor) -> tuple[torch.Tensor, int]:
     n = keys[0].numel()
     if n == 0:
         return torch.zeros(0, dtype=torch.long), 0
-    # Fold the keys one at a time with 1-D unique (much faster than unique(dim=0)):
-    # dense ids keep each key's sorted order, so id_a * K_b + id_b sorts like (a, b).
-    uniq, ids = torch.unique(keys[0].to(torch.long), return_inverse=True)
-    num = uniq.numel()
+    # Fold the keys one at a time (much faster than unique(dim=0)): dense ranks keep
+    # each key's sorted order, so rank_a * K_b + rank_b sorts like the pair (a, b).
+    ids, num = _dense_rank(keys[0].to(torch.long))
     for key in keys[1:]:
-        uniq_b, ids_b = torch.unique(key.to(torch.long), return_inverse=True)
-        uniq, ids = torch.unique(ids * uniq_b.numel() + ids_b, return_inverse=True)
-        num = uniq.numel()
+        ids_b, num_b = _dense_rank(key.to(torch.long))
+        ids, num = _dense_rank(ids * num_b + ids_b)
     return ids, num
+
+
+def _dense_rank(key: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Rank of each value among the distinct values of ``key [N]`` (sorted), and K.
+
+    Keys spanning a small range (≤ 4N) are ranked by counting, O(N); others by sorting.
+    """
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo <= 4 * key.numel():
+        offset = key - lo
+        present = torch.bincount(offset, minlength=hi - lo + 1) > 0
+        rank = torch.cumsum(present, 0) - 1
+        return rank[offset], int(rank[-1]) + 1
+    uniq, inverse = torch.unique(key, return_inverse=True)
+    return inverse, uniq.numel()
 
 
 def segment_sum(values: torch.Tensor, index: torch.Tensor, num: int) -> torch.Tensor:
