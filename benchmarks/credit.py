@@ -104,10 +104,26 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def time_estimator(name: str, params: dict, forest: RolloutForest) -> float:
-    """Seconds of one vectorised call (episode index built inside the timing)."""
-    forest = fresh(forest)
-    return timed(lambda: compute_advantages(name, forest, params))
+def time_estimator(name: str, params: dict, forest: RolloutForest, repeat: int) -> float:
+    """Best of ``repeat`` vectorised calls (episode index built inside each timing)."""
+    best = float("inf")
+    for _ in range(repeat):
+        f = fresh(forest)
+        best = min(best, timed(lambda f=f: compute_advantages(name, f, params)))
+    return best
+
+
+def time_memory(rows: int, repeat: int) -> float:
+    """Best of ``repeat`` runs of 10 allocating float64 passes over ``rows`` values plus
+    one ``index_add_``: the machine's own scaling for memory-bound work of that size."""
+
+    def passes() -> None:
+        x = torch.ones(rows, dtype=torch.float64)
+        for _ in range(10):
+            x = x * 1.0001
+        torch.zeros(rows, dtype=torch.float64).index_add_(0, torch.arange(rows), x)
+
+    return min(timed(passes) for _ in range(repeat))
 
 
 def time_loop(
@@ -132,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loop-budget", type=float, default=120.0, help="seconds")
     parser.add_argument("--probe-rows", type=int, default=20_000)
     parser.add_argument("--no-loop", action="store_true", help="skip the loop references")
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many timings")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1: shared machines)"
@@ -156,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as err:  # an estimator that needs inputs this benchmark lacks
             print(f"skipping {name}: {type(err).__name__}: {err}")
             continue
-        secs = {r: time_estimator(name, params, f) for r, f in forests.items()}
+        secs = {r: time_estimator(name, params, f, args.repeat) for r, f in forests.items()}
         loop, projected = None, False
         if not args.no_loop and name in REFERENCES:
             loop, projected = time_loop(
@@ -164,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         table.append((name, secs, loop, projected))
         print(f"  {name}: done", flush=True)
+    memory = {r: time_memory(f.num_rows, args.repeat) for r, f in forests.items()}
+    table.append(("(memory-bound ref.) †", memory, None, False))
 
     def fmt_rate(r: int, s: float) -> str:
         return f"{forests[r].num_rows / s / 1e6:.2f}M"
@@ -191,6 +210,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         if k == 0:
             print("  ".join("-" * w for w in widths))
+    print(
+        "\n† not an estimator: 10 allocating float64 passes + one index_add_ over N values, "
+        "the machine's own time ratio for memory-bound work at these sizes"
+    )
     if any(p for *_, p in table):
         print(
             f"\n* projected: timed on the first {args.probe_rows:,}+ rows (whole groups) and "

@@ -91,6 +91,20 @@ def test_similarity_nodes_do_not_depend_on_row_order(forest: RolloutForest, rnd)
     assert torch.equal(b.src, a.src[order]) and torch.equal(b.dst, a.dst[order])
 
 
+@SETTINGS
+@given(forests(max_groups=4), st.integers(1, 8), st.sampled_from(["mean", "max"]))
+def test_bellman_blocks_give_the_same_values(
+    forest: RolloutForest, block_edges: int, backup: str
+) -> None:
+    # cutting the graph into blocks of a few edges (never through a group) changes nothing
+    nodes = state_nodes(forest)
+    args = (nodes.src, nodes.dst, forest.reward, forest.terminal, nodes.num_nodes)
+    kw = {"gamma": 0.9, "backup": backup, "tol": 1e-12}
+    whole = bellman_values(*args, **kw)
+    blocks = bellman_values(*args, block_edges=block_edges, **kw)
+    assert torch.allclose(blocks, whole, atol=1e-9)
+
+
 def test_bellman_warns_when_not_converged() -> None:
     # a rewarded self-loop with γ = 1 grows forever
     one = torch.tensor([0])
