@@ -49,18 +49,30 @@ def compact_ids(*keys: torch.Tensor) -> tuple[torch.Tensor, int]:
     if not keys:
         raise ValueError("compact_ids needs at least one key tensor")
     n = keys[0].numel()
-    ids = torch.zeros(n, dtype=torch.long)
     if n == 0:
-        return ids, 0
-    # Column by column with 1-D unique (much faster than unique(dim=0)); re-densified
-    # after each column so that id·K + next stays small (no int64 overflow). Ids keep
-    # the lexicographic order of the key tuples.
-    num = 1
-    for key in keys:
-        uniq, inverse = torch.unique(key.to(torch.long).reshape(-1), return_inverse=True)
-        uniq_ids, ids = torch.unique(ids * uniq.numel() + inverse, return_inverse=True)
-        num = uniq_ids.numel()
+        return torch.zeros(0, dtype=torch.long), 0
+    # Fold the keys one at a time (much faster than unique(dim=0)): dense ranks keep
+    # each key's sorted order, so rank_a * K_b + rank_b sorts like the pair (a, b).
+    ids, num = _dense_rank(keys[0].to(torch.long))
+    for key in keys[1:]:
+        ids_b, num_b = _dense_rank(key.to(torch.long))
+        ids, num = _dense_rank(ids * num_b + ids_b)
     return ids, num
+
+
+def _dense_rank(key: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Rank of each value among the distinct values of ``key [N]`` (sorted), and K.
+
+    Keys spanning a small range (≤ 4N) are ranked by counting, O(N); others by sorting.
+    """
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo <= 4 * key.numel():
+        offset = key - lo
+        present = torch.bincount(offset, minlength=hi - lo + 1) > 0
+        rank = torch.cumsum(present, 0) - 1
+        return rank[offset], int(rank[-1]) + 1
+    uniq, inverse = torch.unique(key, return_inverse=True)
+    return inverse, uniq.numel()
 
 
 def segment_sum(values: torch.Tensor, index: torch.Tensor, num: int) -> torch.Tensor:
