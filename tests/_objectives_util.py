@@ -9,10 +9,6 @@ import torch
 from credo.objectives import LossInputs, aggregation_weights
 from credo.objectives.rapo import rapo_signal_range
 
-# The tests use tiny tensors: intra-op threads only add overhead (tens of ms per op on a
-# busy 2-core machine), so run them single-threaded.
-torch.set_num_threads(1)
-
 #: (loss name, kwargs) covering every loss and its main knobs.
 LOSS_CONFIGS: list[tuple[str, dict]] = [
     ("ppo", {}),

@@ -1,0 +1,289 @@
+"""The ``credo`` command.
+
+credo train [--recipe grpo] [--env shop] [--model NAME_OR_PATH] [key.sub=value ...]
+credo train --resume RUN_DIR
+credo sft [--recipe grpo] [key.sub=value ...]       the warm start alone
+credo eval RUN_DIR [--episodes 500] [--greedy]
+credo eval --model NAME_OR_PATH --env shop [--episodes 50]
+credo play [--env shop] [--seed 0]                   play an env yourself
+credo envs | credo recipes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["main"]
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    out = []
+    if getattr(args, "env", None):
+        out.append(f"env.name={args.env}")
+    if getattr(args, "model", None):
+        out.append(f"model.name={args.model}")
+    if getattr(args, "iterations", None) is not None:
+        out.append(f"train.iterations={args.iterations}")
+    if getattr(args, "seed", None) is not None:
+        out.append(f"train.seed={args.seed}")
+    if getattr(args, "name", None):
+        out.append(f"train.name={args.name}")
+    return out + list(getattr(args, "overrides", []) or [])
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def _fmt_eval(ev: Any) -> list[str]:
+    return [
+        f"{ev.success_rate:.1%}",
+        f"[{ev.ci_low:.1%}, {ev.ci_high:.1%}]",
+        f"{ev.mean_return:.3f}",
+        f"{ev.invalid_rate:.1%}",
+        f"{ev.mean_turns:.2f}",
+    ]
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from credo.train.config import Config, load_config
+    from credo.train.loop import train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        cfg_path = run_dir / "config.yaml"
+        if not cfg_path.exists():
+            print(f"error: {run_dir} is not a run folder (no config.yaml)", file=sys.stderr)
+            return 2
+        if _overrides(args):
+            print(
+                "error: --resume continues a run exactly as configured; drop the overrides",
+                file=sys.stderr,
+            )
+            return 2
+        cfg = Config.from_dict(yaml.safe_load(cfg_path.read_text()))
+    else:
+        cfg = load_config(args.recipe, _overrides(args))
+    result = train(cfg, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
+    console = _console()
+    rows = []
+    if result.warm is not None:
+        rows.append(["warm start (SFT)", *_fmt_eval(result.warm)])
+    if result.final is not None:
+        rows.append([f"trained ({cfg.recipe})", *_fmt_eval(result.final)])
+    if rows:
+        episodes = (result.final or result.warm).episodes
+        console.print(
+            _table(
+                f"held-out success on {episodes} {cfg.env.name} tasks",
+                ["policy", "success", "95% CI", "return", "invalid actions", "turns"],
+                rows,
+            )
+        )
+    if result.warm is not None and result.final is not None:
+        delta = result.final.success_rate - result.warm.success_rate
+        console.print(f"change in held-out success: {delta:+.1%} (absolute)")
+    console.print(
+        f"run folder: {result.run_dir}  ({result.iterations} iterations, "
+        f"{result.seconds / 60:.1f} min)"
+    )
+    return 130 if result.interrupted else 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from credo.train.config import load_config
+    from credo.train.warmstart_cmd import run_sft
+
+    cfg = load_config(args.recipe, _overrides(args))
+    res = run_sft(cfg, episodes=args.episodes, quiet=args.quiet)
+    console = _console()
+    console.print(
+        _table(
+            f"warm start on {cfg.env.name} (held-out, {res['eval'].episodes} episodes)",
+            ["policy", "success", "95% CI", "return", "invalid actions", "turns"],
+            [["warm start (SFT)", *_fmt_eval(res["eval"])]],
+        )
+    )
+    console.print(f"policy folder: {res['path']}{' (from cache)' if res['cached'] else ''}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from credo.train.warmstart_cmd import evaluate_target
+
+    res = evaluate_target(
+        run_dir=Path(args.run_dir) if args.run_dir else None,
+        model=args.model,
+        env=args.env,
+        episodes=args.episodes,
+        greedy=args.greedy,
+        overrides=list(args.overrides or []),
+    )
+    console = _console()
+    console.print(
+        _table(
+            f"held-out evaluation on {res['env']} ({res['eval'].episodes} episodes"
+            f"{', greedy' if args.greedy else ''})",
+            ["policy", "success", "95% CI", "return", "invalid actions", "turns"],
+            [[res["label"], *_fmt_eval(res["eval"])]],
+        )
+    )
+    if args.json:
+        print(json.dumps(res["eval"].to_dict()))
+    return 0
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    from credo.envs.base import Task, make_env
+
+    env = make_env(args.env)
+    task = Task.make(args.split, args.seed)
+    obs = env.reset(task, 0)
+    print(f"task {task.id}")
+    if hasattr(env, "instruction"):
+        print(f"instruction: {env.instruction()}")
+    if hasattr(env, "action_format"):
+        print(env.action_format())
+    print("(type 'hint' for the oracle's move, 'quit' to leave)")
+    while True:
+        print(f"\n{obs}")
+        try:
+            action = input("> ").strip()
+        except EOFError:
+            return 0
+        if action == "quit":
+            return 0
+        if action == "hint":
+            print(env.oracle_action() if hasattr(env, "oracle_action") else "(no oracle)")
+            continue
+        res = env.step(action)
+        obs = res.observation
+        if not res.info.get("valid", True):
+            print("(invalid action)")
+        if res.done:
+            print(
+                f"\n{obs}\nepisode over: reward {res.reward:.3f}, "
+                f"success {res.info.get('success', False)}"
+            )
+            return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    from credo.envs.base import ENVS, env_names
+
+    rows = []
+    for name in env_names():
+        doc = (ENVS.get(name).__doc__ or "").strip().splitlines()
+        rows.append([name, doc[0] if doc else ""])
+    _console().print(_table("environments", ["name", "description"], rows))
+    print("custom envs: --env module:Class (see examples/custom_env.py)")
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from credo.train.config import load_config, recipe_names
+
+    rows = []
+    for name in recipe_names():
+        if name == "base":
+            continue
+        cfg = load_config(name)
+        rows.append(
+            [
+                name,
+                cfg.rollout.sampler,
+                cfg.credit.estimator,
+                cfg.objective.loss,
+                cfg.objective.aggregation,
+                cfg.description,
+            ]
+        )
+    _console().print(
+        _table(
+            "recipes", ["recipe", "sampler", "credit", "loss", "aggregation", "description"], rows
+        )
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="credo", description="credit assignment for multi-turn RL agents"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="warm-start then train a policy with RL")
+    t.add_argument("--recipe", default="grpo", help="recipe name or path to a .yaml (default grpo)")
+    t.add_argument("--env", help="env name or module:Class (default from the recipe: shop)")
+    t.add_argument("--model", help="HF model name or folder (default: the built-in tiny model)")
+    t.add_argument("--iterations", type=int, help="RL iterations (train.iterations)")
+    t.add_argument("--seed", type=int, help="train.seed")
+    t.add_argument("--name", help="run folder name (train.name)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run exactly")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("sft", help="run (or load from cache) the warm start and evaluate it")
+    s.add_argument("--recipe", default="grpo")
+    s.add_argument("--env")
+    s.add_argument("--model")
+    s.add_argument("--seed", type=int)
+    s.add_argument("--episodes", type=int, help="held-out episodes (default eval.episodes)")
+    s.add_argument("--quiet", action="store_true")
+    s.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    s.set_defaults(func=cmd_sft)
+
+    e = sub.add_parser("eval", help="held-out success of a run's policy or of a model")
+    e.add_argument("run_dir", nargs="?", help="a run folder (its trained policy)")
+    e.add_argument("--model", help="evaluate a model instead of a run")
+    e.add_argument("--env", help="env (default: the run's, else shop)")
+    e.add_argument("--episodes", type=int, default=500)
+    e.add_argument("--greedy", action="store_true", help="temperature 0")
+    e.add_argument("--json", action="store_true", help="also print the result as JSON")
+    e.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    e.set_defaults(func=cmd_eval)
+
+    pl = sub.add_parser("play", help="play an environment in the terminal")
+    pl.add_argument("--env", default="shop")
+    pl.add_argument("--seed", type=int, default=0, help="task index")
+    pl.add_argument("--split", default="test", choices=["train", "test"])
+    pl.set_defaults(func=cmd_play)
+
+    sub.add_parser("envs", help="list environments").set_defaults(func=cmd_envs)
+    sub.add_parser("recipes", help="list recipes").set_defaults(func=cmd_recipes)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from credo.train.config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

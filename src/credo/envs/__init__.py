@@ -1,0 +1,31 @@
+"""Environments: the protocol, the registry, built-in envs and demonstrations.
+
+Importing this package registers the built-in envs (``shop``).
+"""
+
+from credo.envs import shop as _shop  # noqa: F401  (registers "shop")
+from credo.envs.base import (
+    ENVS,
+    HELDOUT_SEED_OFFSET,
+    Env,
+    StepResult,
+    Task,
+    env_names,
+    make_env,
+    register_env,
+    resolve_env,
+    snapshot_env,
+)
+
+__all__ = [
+    "ENVS",
+    "HELDOUT_SEED_OFFSET",
+    "Env",
+    "StepResult",
+    "Task",
+    "env_names",
+    "make_env",
+    "register_env",
+    "resolve_env",
+    "snapshot_env",
+]

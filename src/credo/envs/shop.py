@@ -1,0 +1,631 @@
+"""``shop``: a WebShop-like store generated from a seed.
+
+Each task builds a small catalog of products (category, colour, material, price, sizes
+in stock) around one or more goal items, and an instruction such as::
+
+    buy a red wool scarf in size m for at most $40
+
+Pages and actions (the action grammar is strict; anything else is an invalid action,
+answered with a message and counted as a turn)::
+
+    home     search[words]   rank products by BM25 over their titles → results
+    results  click[k]        open the k-th result (by rank on screen) → item
+             back            → home
+    item     choose[size]    pick a size in stock (stays on the item page)
+             buy             put the item with its chosen size in the cart; the
+                             episode ends when the cart holds as many items as the
+                             instruction asks for (else → home)
+             back            → results
+
+Reward (WebShop's idea): each goal item is scored by the fraction of its requirements
+the bought item meets (category, each named attribute, size, price within budget);
+``score`` is the mean over goals (best matching of cart items to goals) and ``success``
+means every requirement of every goal is met. The reward given at the last step is
+chosen by ``reward``: ``"success"`` (0/1), ``"partial"`` (the score) or ``"mixed"``
+(``(success + partial_weight·score)/(1 + partial_weight)``, the default: success-focused
+with a little partial credit, which a CPU-sized model learns from best).
+
+Distractors make the oracle need every skill: products with the goal's exact title but
+over budget (the budget must be read), products one attribute away (the query must be
+copied from the instruction), and in ``multi`` difficulty products with the right title and
+price that lack the size (the sizes must be checked on the item page).
+
+Difficulty presets (``difficulty=``) set the knobs below; any knob given explicitly
+overrides its preset value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from credo.envs.base import StepResult, Task, register_env
+
+__all__ = ["CATEGORIES", "COLORS", "DIFFICULTIES", "MATERIALS", "SIZES", "ShopEnv", "parse_action"]
+
+CATEGORIES = (
+    "scarf",
+    "shirt",
+    "shoes",
+    "hat",
+    "jacket",
+    "bag",
+    "dress",
+    "socks",
+    "gloves",
+    "belt",
+    "sweater",
+    "pants",
+)
+COLORS = ("red", "blue", "green", "black", "white", "grey", "brown", "pink", "yellow", "purple")
+MATERIALS = ("wool", "cotton", "leather", "silk", "denim", "linen", "nylon", "suede")
+SIZES = ("xs", "s", "m", "l", "xl")
+PRICES = tuple(range(5, 101, 5))
+ATTRIBUTES = ("color", "material")
+
+#: Difficulty presets. ``default`` is what ``credo train`` uses.
+DIFFICULTIES: dict[str, dict[str, Any]] = {
+    "easy": dict(
+        catalog_size=20,
+        price_distractors=1,
+        near_distractors=2,
+        size_distractors=0,
+        n_items=1,
+        max_turns=8,
+    ),
+    "default": dict(
+        catalog_size=40,
+        price_distractors=2,
+        near_distractors=4,
+        size_distractors=0,
+        n_items=1,
+        max_turns=8,
+    ),
+    "hard": dict(
+        catalog_size=80,
+        price_distractors=3,
+        near_distractors=6,
+        size_distractors=1,
+        n_items=1,
+        max_turns=10,
+    ),
+    "multi": dict(
+        catalog_size=60,
+        price_distractors=2,
+        near_distractors=4,
+        size_distractors=1,
+        n_items=2,
+        max_turns=16,
+    ),
+}
+
+_ACTION_RE = re.compile(r"^\s*(search|click|choose)\s*\[\s*(.*?)\s*\]\s*$|^\s*(back|buy)\s*$")
+_WORD_RE = re.compile(r"[a-z0-9]+")
+_FIND_BRACKETED = re.compile(r"\b(search|click|choose)\s*\[[^\[\]]*\]", re.I)
+_FIND_BARE = re.compile(r"^\W*(?:action\W*)?(back|buy)\W*$", re.I | re.M)
+
+
+def parse_action(text: str) -> tuple[str, str] | None:
+    """``"click [ 2 ]"`` → ``("click", "2")``; ``"buy"`` → ``("buy", "")``; else ``None``.
+
+    Whitespace around brackets is allowed (a word-level tokenizer decodes with spaces);
+    anything else around the action is not.
+    """
+    m = _ACTION_RE.match(text.lower())
+    if m is None:
+        return None
+    if m.group(1):
+        return m.group(1), m.group(2)
+    return m.group(3), ""
+
+
+@dataclass(frozen=True)
+class Product:
+    pid: int
+    category: str
+    color: str
+    material: str
+    price: int
+    sizes: tuple[str, ...]
+
+    @property
+    def title(self) -> str:
+        return f"{self.color} {self.material} {self.category}"
+
+    def attr(self, name: str) -> str:
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class Goal:
+    category: str
+    attrs: tuple[tuple[str, str], ...]  # (attribute name, value), in instruction order
+    size: str
+    budget: int
+
+    def words(self) -> list[str]:
+        """The oracle's search query: the named attribute values, then the category."""
+        return [v for _, v in self.attrs] + [self.category]
+
+    def text(self) -> str:
+        return f"a {' '.join(self.words())} in size {self.size} for at most ${self.budget}"
+
+    def matches(self, p: Product) -> bool:
+        """``p`` can satisfy this goal (title, budget and size in stock)."""
+        return (
+            p.category == self.category
+            and all(p.attr(k) == v for k, v in self.attrs)
+            and p.price <= self.budget
+            and self.size in p.sizes
+        )
+
+    def score(self, p: Product, size: str | None) -> float:
+        """Fraction of requirements met by buying ``p`` in ``size``."""
+        checks = [p.category == self.category]
+        checks += [p.attr(k) == v for k, v in self.attrs]
+        checks += [size == self.size, p.price <= self.budget]
+        return sum(checks) / len(checks)
+
+
+@dataclass
+class _State:
+    page: str = "home"  # home | results | item | done
+    query: tuple[str, ...] = ()
+    results: tuple[int, ...] = ()
+    item: int = -1
+    size: str | None = None
+    cart: tuple[tuple[int, str | None], ...] = ()
+    turn: int = 0
+    message: str = ""
+
+
+@register_env("shop")
+class ShopEnv:
+    """WebShop-like env (see the module docstring).
+
+    Args:
+        difficulty: preset name (``easy``, ``default``, ``hard``, ``multi``).
+        catalog_size: products per task.
+        results_per_page: results shown after a search (the click ranks).
+        price_distractors: products with a goal's exact title priced over its budget.
+        near_distractors: products one named attribute away from a goal, within budget.
+        size_distractors: products matching a goal's title and budget without its size.
+        n_items: goal items per task (the ``multi`` preset uses 2).
+        n_attributes: named attributes per goal besides the category (0–2; colour first).
+        max_turns: turn limit; reaching it ends the episode (the cart is scored as is).
+        reward: ``"mixed"`` (default), ``"success"`` or ``"partial"``.
+        partial_weight: weight of the partial score in the ``mixed`` reward.
+    """
+
+    def __init__(
+        self,
+        difficulty: str = "default",
+        *,
+        catalog_size: int | None = None,
+        results_per_page: int = 5,
+        price_distractors: int | None = None,
+        near_distractors: int | None = None,
+        size_distractors: int | None = None,
+        n_items: int | None = None,
+        n_attributes: int = 2,
+        max_turns: int | None = None,
+        reward: str = "mixed",
+        partial_weight: float = 0.2,
+    ) -> None:
+        if difficulty not in DIFFICULTIES:
+            raise ValueError(
+                f"unknown shop difficulty {difficulty!r}; valid: {', '.join(DIFFICULTIES)}"
+            )
+        if reward not in ("mixed", "success", "partial"):
+            raise ValueError(f"unknown shop reward {reward!r}; valid: mixed, success, partial")
+        if not 0 <= n_attributes <= len(ATTRIBUTES):
+            raise ValueError(f"n_attributes must be in 0..{len(ATTRIBUTES)}, got {n_attributes}")
+        preset = DIFFICULTIES[difficulty]
+
+        def pick(value: int | None, key: str) -> int:
+            return preset[key] if value is None else value
+
+        self.difficulty = difficulty
+        self.catalog_size = pick(catalog_size, "catalog_size")
+        self.results_per_page = results_per_page
+        self.price_distractors = pick(price_distractors, "price_distractors")
+        self.near_distractors = pick(near_distractors, "near_distractors")
+        self.size_distractors = pick(size_distractors, "size_distractors")
+        self.n_items = pick(n_items, "n_items")
+        self.n_attributes = n_attributes
+        self.max_turns = pick(max_turns, "max_turns")
+        self.reward_kind = reward
+        self.partial_weight = partial_weight
+        per_goal = 1 + self.price_distractors + self.near_distractors + self.size_distractors
+        if self.catalog_size < self.n_items * per_goal:
+            raise ValueError(
+                f"catalog_size={self.catalog_size} is too small for {self.n_items} goal(s) with "
+                f"{per_goal - 1} distractors each"
+            )
+        if self.results_per_page < 1 + self.price_distractors + self.size_distractors:
+            raise ValueError(
+                "results_per_page must exceed the number of same-title distractors, or the "
+                "goal item could fall off the results page"
+            )
+        self.task: Task | None = None
+        self.catalog: tuple[Product, ...] = ()
+        self.goals: tuple[Goal, ...] = ()
+        self._s = _State()
+        self._idf: dict[str, float] = {}
+
+    # ----------------------------------------------------------- generation
+    def _generate(self, seed: int) -> None:
+        rng = random.Random(seed)
+        products: list[Product] = []
+        goals: list[Goal] = []
+        used_titles: set[tuple[str, str, str]] = set()
+
+        def sizes_with(size: str | None, without: str | None = None) -> tuple[str, ...]:
+            pool = [s for s in SIZES if s != without]
+            k = rng.randint(2, 4)
+            chosen = set(rng.sample(pool, min(k, len(pool))))
+            if size is not None:
+                chosen.add(size)
+            return tuple(s for s in SIZES if s in chosen)
+
+        for _ in range(self.n_items):
+            while True:
+                cat, col, mat = rng.choice(CATEGORIES), rng.choice(COLORS), rng.choice(MATERIALS)
+                if (cat, col, mat) not in used_titles:
+                    break
+            used_titles.add((cat, col, mat))
+            price = rng.choice(PRICES[1:-5])  # 10..75, leaves room above the budget
+            budget = min(100, price + rng.choice((0, 5, 10, 15)))
+            size = rng.choice(SIZES)
+            named = ATTRIBUTES[: self.n_attributes]
+            goal = Goal(
+                cat, tuple((a, {"color": col, "material": mat}[a]) for a in named), size, budget
+            )
+            goals.append(goal)
+            products.append(Product(-1, cat, col, mat, price, sizes_with(size)))
+            over = [p for p in PRICES if p > budget]
+            for _ in range(self.price_distractors):
+                products.append(Product(-1, cat, col, mat, rng.choice(over[:6]), sizes_with(size)))
+            for _ in range(self.size_distractors):
+                products.append(
+                    Product(
+                        -1,
+                        cat,
+                        col,
+                        mat,
+                        rng.choice([p for p in PRICES if p <= budget]),
+                        sizes_with(None, without=size),
+                    )
+                )
+            for _ in range(self.near_distractors):
+                # one named attribute (or, with none named, the category) differs
+                if named:
+                    which = rng.choice(named)
+                    c2 = rng.choice([c for c in COLORS if c != col]) if which == "color" else col
+                    m2 = (
+                        rng.choice([m for m in MATERIALS if m != mat])
+                        if which == "material"
+                        else mat
+                    )
+                    cat2 = cat
+                else:
+                    c2, m2, cat2 = col, mat, rng.choice([c for c in CATEGORIES if c != cat])
+                products.append(
+                    Product(
+                        -1,
+                        cat2,
+                        c2,
+                        m2,
+                        rng.choice([p for p in PRICES if p <= max(budget, 10)]),
+                        sizes_with(size),
+                    )
+                )
+        while len(products) < self.catalog_size:
+            p = Product(
+                -1,
+                rng.choice(CATEGORIES),
+                rng.choice(COLORS),
+                rng.choice(MATERIALS),
+                rng.choice(PRICES),
+                sizes_with(None),
+            )
+            # a random product never ties with a goal's query (all its words in the title)
+            if not any(set(g.words()) <= set(p.title.split()) for g in goals):
+                products.append(p)
+        rng.shuffle(products)
+        self.catalog = tuple(replace(p, pid=i) for i, p in enumerate(products))
+        self.goals = tuple(goals)
+        # BM25 statistics over titles
+        n = len(self.catalog)
+        df: dict[str, int] = {}
+        for p in self.catalog:
+            for w in set(p.title.split()):
+                df[w] = df.get(w, 0) + 1
+        self._idf = {w: math.log(1 + (n - d + 0.5) / (d + 0.5)) for w, d in df.items()}
+
+    def _search(self, words: tuple[str, ...]) -> tuple[int, ...]:
+        """BM25 (k1 = 1.2, b = 0.75; all titles have 3 words) over product titles."""
+        k1 = 1.2
+        scored = []
+        for p in self.catalog:
+            title = p.title.split()
+            s = 0.0
+            for w in set(words):
+                tf = title.count(w)
+                if tf:
+                    s += self._idf.get(w, 0.0) * tf * (k1 + 1) / (tf + k1)
+            if s > 0:
+                scored.append((-s, p.pid))
+        scored.sort()
+        return tuple(pid for _, pid in scored[: self.results_per_page])
+
+    # ------------------------------------------------------------ protocol
+    def reset(self, task: Task, seed: int = 0) -> str:
+        """Generate the task's catalog and goals from ``task.seed``; ``seed`` is unused
+        (the shop has no randomness after generation)."""
+        self.task = task
+        self._generate(task.seed)
+        self._s = _State()
+        return self.observation()
+
+    def instruction(self) -> str:
+        return "buy " + " and ".join(g.text() for g in self.goals)
+
+    def observation(self) -> str:
+        s = self._s
+        prefix = f"{s.message} " if s.message else ""
+        cart = f"cart {len(s.cart)} of {self.n_items} ; " if self.n_items > 1 else ""
+        if s.page == "home":
+            body = "home : search for products"
+        elif s.page == "results":
+            if not s.results:
+                body = "results : no products found ; back to search again"
+            else:
+                items = " ; ".join(
+                    f"{i + 1} {self.catalog[pid].title} ${self.catalog[pid].price}"
+                    for i, pid in enumerate(s.results)
+                )
+                body = f"results : {items}"
+        elif s.page == "item":
+            p = self.catalog[s.item]
+            chosen = f" ; chosen {s.size}" if s.size else ""
+            body = f"item : {p.title} ${p.price} ; sizes {' '.join(p.sizes)}{chosen}"
+        else:
+            body = "done"
+        return prefix + cart + body
+
+    def _invalid(self, why: str) -> StepResult:
+        self._s.message = f"invalid action : {why} ."
+        return self._finish_turn(valid=False)
+
+    def _finish_turn(self, *, valid: bool) -> StepResult:
+        s = self._s
+        s.turn += 1
+        done = s.page == "done" or s.turn >= self.max_turns
+        reward, info = 0.0, {"valid": valid}
+        if done:
+            score, success = self.score()
+            info.update(score=score, success=success, turns=s.turn)
+            reward = self._reward(score, success)
+            s.page = "done"
+        return StepResult(self.observation(), reward, done, info)
+
+    def _reward(self, score: float, success: bool) -> float:
+        if self.reward_kind == "success":
+            return float(success)
+        if self.reward_kind == "partial":
+            return score
+        return (float(success) + self.partial_weight * score) / (1.0 + self.partial_weight)
+
+    def score(self) -> tuple[float, bool]:
+        """(mean requirement score over goals, success) of the current cart."""
+        cart = [(self.catalog[pid], size) for pid, size in self._s.cart]
+        best = 0.0
+        # best assignment of cart items to goals (n_items is tiny: try all orders)
+        for order in itertools.permutations(range(len(self.goals))):
+            total = 0.0
+            for gi, (p, size) in zip(order, cart):
+                total += self.goals[gi].score(p, size)
+            best = max(best, total / len(self.goals))
+        return best, best >= 1.0 - 1e-9
+
+    def step(self, action: str) -> StepResult:
+        s = self._s
+        if s.page == "done":
+            raise RuntimeError("step() called after the episode ended; call reset()")
+        s.message = ""
+        parsed = parse_action(action)
+        if parsed is None:
+            return self._invalid("use search[...] , click[...] , choose[...] , back or buy")
+        verb, arg = parsed
+        if verb == "search":
+            if s.page != "home":
+                return self._invalid("search only from home")
+            words = tuple(_WORD_RE.findall(arg.lower()))
+            if not words:
+                return self._invalid("empty search")
+            s.query, s.results, s.page = words, self._search(words), "results"
+        elif verb == "click":
+            if s.page != "results":
+                return self._invalid("click only on results")
+            if not arg.isdigit() or not 1 <= int(arg) <= len(s.results):
+                return self._invalid("no such result")
+            s.item, s.size, s.page = s.results[int(arg) - 1], None, "item"
+        elif verb == "choose":
+            if s.page != "item":
+                return self._invalid("choose only on an item")
+            if arg not in self.catalog[s.item].sizes:
+                return self._invalid("size not in stock")
+            s.size = arg
+        elif verb == "back":
+            if s.page == "home":
+                return self._invalid("already home")
+            s.page = "home" if s.page == "results" else "results"
+        else:  # buy
+            if s.page != "item":
+                return self._invalid("buy only on an item")
+            s.cart = (*s.cart, (s.item, s.size))
+            s.page = "done" if len(s.cart) >= self.n_items else "home"
+            s.query, s.results, s.item, s.size = (), (), -1, None
+        return self._finish_turn(valid=True)
+
+    def state_key(self) -> str:
+        """Canonical page state: page, query words (sorted), item, size and cart."""
+        s = self._s
+        cart = ",".join(f"{pid}:{size}" for pid, size in s.cart)
+        if s.page == "results":
+            return f"results|{' '.join(sorted(s.query))}|{cart}"
+        if s.page == "item":
+            return f"item|{s.item}|{s.size}|{cart}"
+        return f"{s.page}|{cart}"
+
+    def abstract_state_key(self) -> str:
+        """Coarse stage for progress graphs: home / results / item / chosen / done (+cart)."""
+        s = self._s
+        stage = "chosen" if s.page == "item" and s.size else s.page
+        return f"{stage}|{len(s.cart)}" if self.n_items > 1 else stage
+
+    def progress(self) -> float:
+        """Stage fraction in [0, 1]: home 0, results ¼, item ½, size chosen ¾, bought 1."""
+        s = self._s
+        stage = {"home": 0.0, "results": 0.25, "item": 0.5, "done": 1.0}[s.page]
+        if s.page == "item" and s.size:
+            stage = 0.75
+        if s.page == "done":
+            return 1.0
+        return (len(s.cart) + stage) / self.n_items
+
+    def snapshot(self) -> _State:
+        return replace(self._s)
+
+    def restore(self, snap: _State) -> None:
+        self._s = replace(snap)
+
+    def is_tool_call(self, action: str) -> bool:
+        """``search[...]`` is the shop's tool call (AXPO resamples these)."""
+        parsed = parse_action(action)
+        return parsed is not None and parsed[0] == "search"
+
+    def extract_action(self, text: str) -> str | None:
+        """Find the action in a chat model's free-form reply (``None`` if there is none).
+
+        The first ``verb[...]`` anywhere wins; otherwise a line that is just ``back`` or
+        ``buy`` (optionally after ``Action:``). The grammar itself stays strict: what is
+        found is still parsed by :func:`parse_action` in :meth:`step`.
+        """
+        m = _FIND_BRACKETED.search(text)
+        if m:
+            return m.group(0)
+        m = _FIND_BARE.search(text)
+        return m.group(1) if m else None
+
+    def action_format(self) -> str:
+        return (
+            "Reply with exactly one action: search[words] on the home page, click[k] to open "
+            "the k-th result, choose[size] on an item page, back, or buy."
+        )
+
+    # -------------------------------------------------------------- oracle
+    def _current_goal(self) -> Goal:
+        """The first goal not yet satisfied by an item in the cart."""
+        bought = [self.catalog[pid] for pid, _ in self._s.cart]
+        for g in self.goals:
+            if not any(g.matches(p) for p in bought):
+                return g
+        return self.goals[-1]
+
+    def oracle_action(self) -> str:
+        """A correct next action from the current state (solves every task)."""
+        s, g = self._s, self._current_goal()
+        if s.page == "home":
+            return f"search[{' '.join(g.words())}]"
+        if s.page == "results":
+            if s.query == tuple(g.words()):
+                for rank, pid in enumerate(s.results):
+                    if g.matches(self.catalog[pid]):
+                        return f"click[{rank + 1}]"
+            return "back"
+        if s.page == "item":
+            if not g.matches(self.catalog[s.item]):
+                return "back"
+            return "buy" if s.size == g.size else f"choose[{g.size}]"
+        raise RuntimeError("the episode is over")
+
+    def sample_action(self, rng: random.Random) -> str:
+        """A random *plausible* action for the current page (noisy demonstrations)."""
+        s, g = self._s, self._current_goal()
+        if s.page == "home":
+            words = g.words()
+            if len(words) > 1 and rng.random() < 0.5:
+                words = [w for i, w in enumerate(words) if i != rng.randrange(len(words))]
+            else:
+                pools = [*[COLORS, MATERIALS][: len(words) - 1], CATEGORIES]
+                i = rng.randrange(len(words))
+                words = list(words)
+                words[i] = rng.choice(pools[i])
+            return f"search[{' '.join(words)}]"
+        if s.page == "results":
+            options = [f"click[{k + 1}]" for k in range(len(s.results))] + ["back"]
+            return rng.choice(options)
+        if s.page == "item":
+            sizes = self.catalog[s.item].sizes
+            return rng.choice([f"choose[{rng.choice(sizes)}]", "buy", "back"])
+        raise RuntimeError("the episode is over")
+
+    def vocabulary(self) -> list[str]:
+        """Every word the shop can print or accept."""
+        words = {
+            "buy",
+            "a",
+            "in",
+            "size",
+            "for",
+            "at",
+            "most",
+            "$",
+            "and",
+            "home",
+            ":",
+            "search",
+            "products",
+            "results",
+            "no",
+            "found",
+            ";",
+            "back",
+            "to",
+            "again",
+            "item",
+            "sizes",
+            "chosen",
+            "done",
+            "cart",
+            "of",
+            "invalid",
+            "action",
+            "use",
+            "[",
+            "]",
+            ",",
+            "click",
+            "choose",
+            "or",
+            "only",
+            "from",
+            "on",
+            "an",
+            "empty",
+            "such",
+            "result",
+            "not",
+            "stock",
+            "already",
+            ".",
+        }
+        words |= set(CATEGORIES) | set(COLORS) | set(MATERIALS) | set(SIZES)
+        words |= {str(p) for p in PRICES} | {str(k) for k in range(1, 11)}
+        return sorted(words)

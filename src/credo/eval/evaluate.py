@@ -1,0 +1,108 @@
+"""Held-out evaluation: success over N episodes of N distinct held-out tasks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from credo.envs.base import Task
+from credo.policy.base import Policy, SamplingParams
+from credo.rollout.group import sample_groups
+from credo.rollout.render import Renderer
+
+__all__ = ["EvalResult", "evaluate", "wilson_interval"]
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a success rate."""
+    if n == 0:
+        return 0.0, 0.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class EvalResult:
+    """Held-out metrics.
+
+    Attributes:
+        episodes: number of episodes (one per held-out task).
+        success_rate: fraction solved.
+        ci_low, ci_high: 95 % Wilson interval of the success rate.
+        mean_return: mean episode return.
+        invalid_rate: fraction of steps whose action the env rejected.
+        mean_turns: mean episode length.
+        errors: episodes that failed because the env raised.
+    """
+
+    episodes: int
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    mean_return: float
+    invalid_rate: float
+    mean_turns: float
+    errors: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate(
+    policy: Policy,
+    renderer: Renderer,
+    make_env: Callable[[], Any],
+    *,
+    episodes: int,
+    sampling: SamplingParams,
+    max_turns: int,
+    split: str = "test",
+    seed: int = 0,
+    chunk: int = 256,
+    first_task: int = 0,
+) -> EvalResult:
+    """Run one episode on each of ``episodes`` tasks of ``split`` and report metrics.
+
+    Tasks are ``Task.make(split, first_task + i)``: the same tasks for every policy, so
+    two policies are compared on identical held-out tasks. Sampling uses its own seeded
+    generator, so an evaluation does not disturb the training RNG streams.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    eps = []
+    steps = invalid = 0
+    for start in range(0, episodes, chunk):
+        tasks = [
+            Task.make(split, first_task + i) for i in range(start, min(episodes, start + chunk))
+        ]
+        res = sample_groups(
+            policy,
+            renderer,
+            make_env,
+            tasks,
+            group_size=1,
+            sampling=sampling,
+            max_turns=max_turns,
+            generator=gen,
+        )
+        eps.extend(res.episodes)
+        steps += res.env_steps
+        invalid += int((~res.forest.valid).sum()) if res.forest.num_rows else 0
+    wins = sum(e.success for e in eps)
+    lo, hi = wilson_interval(wins, len(eps))
+    return EvalResult(
+        episodes=len(eps),
+        success_rate=wins / max(1, len(eps)),
+        ci_low=lo,
+        ci_high=hi,
+        mean_return=sum(e.ret for e in eps) / max(1, len(eps)),
+        invalid_rate=invalid / max(1, steps),
+        mean_turns=steps / max(1, len(eps)),
+        errors=sum(e.error is not None for e in eps),
+    )

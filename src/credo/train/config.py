@@ -1,0 +1,498 @@
+"""The run configuration: typed dataclasses, YAML recipes and dotted overrides.
+
+A run is one :class:`Config`. It is built from a recipe (``src/credo/train/recipes/
+<name>.yaml``; a recipe may ``inherit`` another one, e.g. ``base``), then from
+``key.sub=value`` overrides (values parsed as YAML: ``3``, ``0.1``, ``true``, ``[1, 2]``,
+``{a: 1}``). Every key and every registry name is checked with an error that says what is
+valid. ``Config.to_dict()`` is what a run saves as ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from credo.policy.tiny import TinyModelConfig
+from credo.utils.registry import unknown_name_message
+
+__all__ = [
+    "RECIPES_DIR",
+    "Config",
+    "ConfigError",
+    "CreditConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "ObjectiveConfig",
+    "OptimConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "config_hash",
+    "load_config",
+    "recipe_names",
+]
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class ConfigError(ValueError):
+    """A config value, key or name is wrong; the message says what is accepted."""
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to train on.
+
+    Attributes:
+        name: registry name (``credo envs`` lists them) or ``module:Class``. Default
+            ``shop``.
+        kwargs: keyword arguments for the env's constructor, e.g. ``{difficulty: multi}``.
+    """
+
+    name: str = "shop"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    """The policy model.
+
+    Attributes:
+        name: ``None`` (default) for the built-in tiny model, else a Hugging Face model
+            name or local folder loaded with ``AutoModelForCausalLM``.
+        tiny: size of the built-in model (ignored when ``name`` is set).
+        dtype: ``float32`` (default), ``bfloat16`` or ``float16`` for HF models.
+        device: ``cpu`` (default), ``cuda``, ``cuda:1``, ``auto`` (cuda when available).
+    """
+
+    name: str | None = None
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    dtype: str = "float32"
+    device: str = "cpu"
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are sampled each iteration.
+
+    Attributes:
+        sampler: ``group`` (G episodes per task; the only sampler of the base recipe).
+        tasks_per_iter: distinct training tasks per iteration (default 16).
+        group_size: G, episodes per task (default 8).
+        temperature: sampling temperature (default 1.0; evaluation uses the same).
+        top_p: nucleus mass (default 1.0).
+        max_new_tokens: response cap per turn (default 16).
+        history_turns: past turns shown in the prompt (default 2).
+        max_turns: sampler turn cap; ``None`` (default) trusts the env's own limit and
+            caps at 64.
+        invalid_penalty: subtracted from an invalid action's reward (default 0.0).
+        train_tasks: size of the training task pool, seeds ``0..train_tasks-1``
+            (default 100000; tasks are drawn from it each iteration).
+    """
+
+    sampler: str = "group"
+    tasks_per_iter: int = 16
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    history_turns: int = 2
+    max_turns: int | None = None
+    invalid_penalty: float = 0.0
+    train_tasks: int = 100_000
+
+
+@dataclass
+class CreditConfig:
+    """The advantage estimator.
+
+    Attributes:
+        estimator: registry name (``grpo`` default; ``credo recipes`` shows what each
+            recipe uses). Unknown names fail with the list of valid ones.
+        params: keyword arguments of the estimator function.
+        state: keyword arguments for a stateful estimator's state object (ProAS).
+    """
+
+    estimator: str = "grpo"
+    params: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ObjectiveConfig:
+    """The policy loss.
+
+    Attributes:
+        loss: registry name (``ppo`` default).
+        params: keyword arguments of the loss function (e.g. ``clip_low``).
+        aggregation: how token losses become a scalar (default ``token-mean``).
+        aggregation_params: knobs of the aggregation mode, if any.
+        kl_coef: weight of a KL(π ‖ π_ref) loss term to the frozen warm-start policy
+            (default 0: no reference model is kept).
+        kl_estimator: ``k1``, ``k2`` or ``k3`` (default).
+        entropy_coef: weight of an entropy bonus (default 0).
+    """
+
+    loss: str = "ppo"
+    params: dict[str, Any] = field(default_factory=dict)
+    aggregation: str = "token-mean"
+    aggregation_params: dict[str, Any] = field(default_factory=dict)
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and update schedule.
+
+    Attributes:
+        lr: AdamW learning rate (default 3e-4).
+        weight_decay: AdamW weight decay (default 0).
+        betas: AdamW betas (default ``[0.9, 0.999]``).
+        grad_clip: max gradient norm (default 1.0).
+        epochs: passes over each iteration's batch (default 1).
+        minibatches: optimizer steps per epoch (default 1: one step per iteration).
+        micro_batch_rows: rows per forward/backward (gradient accumulation; default 256).
+        recompute_old_logprobs: score π_old with the trainer before updating (default
+            true) rather than trusting the sampler's numbers.
+    """
+
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+    epochs: int = 1
+    minibatches: int = 1
+    micro_batch_rows: int = 256
+    recompute_old_logprobs: bool = True
+
+
+@dataclass
+class SFTConfig:
+    """Warm start by supervised fine-tuning on the env's oracle demonstrations.
+
+    Attributes:
+        enabled: run the warm start (default true; the env needs ``oracle_action``).
+        episodes: clean demonstration episodes (default 8000).
+        steps: optimizer steps on clean demonstrations (default 1500).
+        noisy_episodes: ε-noisy demonstration episodes (default 3000).
+        noisy_steps: further steps on the noisy demonstrations (default 300).
+        epsilon: probability of a random plausible action in a noisy demonstration
+            (default 0.3).
+        batch_size: rows per step (default 32).
+        lr: peak learning rate (default 3e-3), cosine-decayed.
+        noisy_lr: learning rate of the noisy phase (default 1e-3).
+        cache: reuse a warm start with the same config hash from the cache folder
+            (``$CREDO_CACHE`` or ``~/.cache/credo``; default true).
+    """
+
+    enabled: bool = True
+    episodes: int = 8000
+    steps: int = 1500
+    noisy_episodes: int = 3000
+    noisy_steps: int = 300
+    epsilon: float = 0.3
+    batch_size: int = 32
+    lr: float = 3e-3
+    noisy_lr: float = 1e-3
+    cache: bool = True
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation.
+
+    Attributes:
+        episodes: held-out episodes (one per held-out task) for the warm-start vs
+            trained table (default 500).
+        every: also evaluate every N iterations on ``periodic_episodes`` (0 = never).
+        periodic_episodes: episodes of the periodic evaluation (default 100).
+        seed: sampling seed of the evaluation (default 1234).
+    """
+
+    episodes: int = 500
+    every: int = 0
+    periodic_episodes: int = 100
+    seed: int = 1234
+
+
+@dataclass
+class TrainConfig:
+    """The run itself.
+
+    Attributes:
+        iterations: RL iterations (default 100).
+        seed: everything random derives from it (default 0).
+        threads: torch CPU threads (default 0 = leave torch's default).
+        checkpoint_every: iterations between checkpoints (default 10; a Ctrl-C or an
+            error also saves one).
+        keep_checkpoints: most recent checkpoints to keep (default 2).
+        runs_dir: where run folders go (default ``runs``).
+        name: run folder name (default ``<recipe>-<env>-<timestamp>``).
+    """
+
+    iterations: int = 100
+    seed: int = 0
+    threads: int = 0
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    runs_dir: str = "runs"
+    name: str | None = None
+
+
+@dataclass
+class Config:
+    """A whole run. ``recipe`` records which recipe it came from."""
+
+    recipe: str = "grpo"
+    description: str = ""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    credit: CreditConfig = field(default_factory=CreditConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Config:
+        cfg = _build(cls, data, "")
+        validate(cfg)
+        return cfg
+
+
+# ----------------------------------------------------------------- building
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check/convert ``value`` to the annotated type ``tp`` (clear error otherwise)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return _build(tp, value, where)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping like {{key: value}}, got {value!r}")
+        return dict(value)
+    if origin is list or tp is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list like [a, b], got {value!r}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")
+
+
+def _build(cls: Any, data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        full = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(f"unknown key {full!r}. Valid keys: {', '.join(names)}")
+    kwargs = {}
+    for k, v in data.items():
+        kwargs[k] = _coerce(v, hints[k], f"{prefix + '.' if prefix else ''}{k}")
+    return cls(**kwargs)
+
+
+# --------------------------------------------------------------- validation
+def validate(cfg: Config) -> None:
+    """Check every registry name and numeric range; raise :class:`ConfigError`."""
+    from credo.credit import ESTIMATORS, validate_estimator
+    from credo.envs.base import ENVS, env_names
+    from credo.objectives import AGGREGATIONS, KL_ESTIMATORS, LOSSES, validate_loss
+
+    if ":" not in cfg.env.name and cfg.env.name not in env_names():
+        raise ConfigError(
+            unknown_name_message("env", cfg.env.name, ENVS.names())
+            + " (or an import path 'module:Class')"
+        )
+    for check, reg, name, params, kind in (
+        (validate_estimator, ESTIMATORS, cfg.credit.estimator, cfg.credit.params, "credit"),
+        (validate_loss, LOSSES, cfg.objective.loss, cfg.objective.params, "objective"),
+    ):
+        if name not in reg:
+            raise ConfigError(unknown_name_message(reg.kind, name, reg.names()))
+        try:
+            check(name, params)
+        except ValueError as e:
+            raise ConfigError(f"{kind}.params: {e}") from None
+    if cfg.objective.aggregation not in AGGREGATIONS:
+        raise ConfigError(
+            unknown_name_message("aggregation", cfg.objective.aggregation, AGGREGATIONS.names())
+        )
+    if cfg.objective.kl_estimator not in KL_ESTIMATORS:
+        raise ConfigError(
+            f"unknown objective.kl_estimator {cfg.objective.kl_estimator!r}; "
+            f"valid: {', '.join(KL_ESTIMATORS)}"
+        )
+    from credo.rollout import SAMPLERS
+
+    if cfg.rollout.sampler not in SAMPLERS:
+        raise ConfigError(unknown_name_message("sampler", cfg.rollout.sampler, SAMPLERS))
+    positive = {
+        "rollout.tasks_per_iter": cfg.rollout.tasks_per_iter,
+        "rollout.group_size": cfg.rollout.group_size,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "rollout.train_tasks": cfg.rollout.train_tasks,
+        "optim.epochs": cfg.optim.epochs,
+        "optim.minibatches": cfg.optim.minibatches,
+        "optim.micro_batch_rows": cfg.optim.micro_batch_rows,
+        "eval.episodes": cfg.eval.episodes,
+        "train.checkpoint_every": cfg.train.checkpoint_every,
+        "sft.batch_size": cfg.sft.batch_size,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be ≥ 1, got {value}")
+    nonneg = {
+        "train.iterations": cfg.train.iterations,
+        "optim.lr": cfg.optim.lr,
+        "rollout.temperature": cfg.rollout.temperature,
+        "objective.kl_coef": cfg.objective.kl_coef,
+        "sft.steps": cfg.sft.steps,
+        "sft.noisy_steps": cfg.sft.noisy_steps,
+    }
+    for key, value in nonneg.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be ≥ 0, got {value}")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
+    if not 0 <= cfg.sft.epsilon <= 1:
+        raise ConfigError(f"sft.epsilon must be in [0, 1], got {cfg.sft.epsilon}")
+    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(
+            f"model.dtype must be float32, bfloat16 or float16, got {cfg.model.dtype!r}"
+        )
+
+
+# ------------------------------------------------------------------ recipes
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def _read_recipe(name_or_path: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = RECIPES_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise ConfigError(
+                unknown_name_message("recipe", name_or_path, recipe_names())
+                + " (or a path to a .yaml recipe)"
+            )
+    if str(path) in seen:
+        raise ConfigError(f"recipe inheritance cycle: {' -> '.join((*seen, str(path)))}")
+    with path.open() as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must be a mapping at the top level")
+    parent = data.pop("inherit", None)
+    if parent is None:
+        return data
+    base = _read_recipe(str(parent), (*seen, str(path)))
+    return _deep_merge(base, data)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("params", "kwargs"):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` strings to a nested dict (values parsed with safe_load)."""
+    data = json.loads(json.dumps(data))  # deep copy
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"override {item!r} has an empty key")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: cannot parse the value: {exc}") from None
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            if not isinstance(node.get(p, {}), dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(recipe: str = "grpo", overrides: list[str] | None = None) -> Config:
+    """Recipe (with inheritance) + overrides → validated :class:`Config`."""
+    data = _read_recipe(recipe)
+    data.setdefault("recipe", Path(recipe).stem)
+    data = apply_overrides(data, overrides or [])
+    return Config.from_dict(data)
+
+
+def config_hash(obj: Any) -> str:
+    """Stable short hash of a JSON-able object (cache keys)."""
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,192 @@
+"""Warm start: supervised fine-tuning on the env's (noisy) oracle demonstrations.
+
+Demonstrations follow ``env.oracle_action()`` but take ``env.sample_action(rng)`` (a
+random plausible action) with probability ε, and the oracle then recovers from wherever
+that led. The policy is trained on *all* demonstrated actions, noise included, so that
+the warm-start policy has the skills but also the noise: it is mediocre, and RL has room
+to remove the noise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from credo.data import Episode, Step
+from credo.envs.base import Task
+from credo.policy.hf import HFPolicy
+from credo.rollout.render import Renderer, Turn
+
+__all__ = ["Demonstrations", "SFTStats", "collect_demonstrations", "sft_train"]
+
+
+@dataclass
+class Demonstrations:
+    """Demonstration episodes and their (prompt, response) token rows.
+
+    Attributes:
+        episodes: the demonstrated episodes (steps carry prompt and response ids).
+        success_rate: how often the noisy demonstrator solved its task.
+    """
+
+    episodes: list[Episode]
+    success_rate: float
+
+    def rows(self) -> list[tuple[list[int], list[int]]]:
+        return [(s.prompt_ids, s.response_ids) for e in self.episodes for s in e.steps]
+
+
+def collect_demonstrations(
+    make_env: Callable[[], Any],
+    renderer: Renderer,
+    *,
+    episodes: int,
+    epsilon: float,
+    seed: int = 0,
+    max_turns: int = 64,
+    first_task: int = 0,
+) -> Demonstrations:
+    """Roll out the ε-noisy oracle on training tasks ``first_task ..``.
+
+    Raises:
+        ValueError: the env has no ``oracle_action`` (a warm start needs one; disable
+            it with ``sft.enabled=false`` for such envs).
+    """
+    rng = random.Random(seed)
+    out, wins = [], 0
+    env = make_env()
+    if not hasattr(env, "oracle_action"):
+        raise ValueError(
+            f"{type(env).__name__} has no oracle_action(): the warm start needs demonstrations "
+            "(set sft.enabled=false to train from the model as it is)"
+        )
+    noisy = epsilon > 0 and hasattr(env, "sample_action")
+    for i in range(episodes):
+        task = Task.make("train", first_task + i)
+        obs = env.reset(task, 0)
+        instruction = env.instruction() if hasattr(env, "instruction") else obs
+        history: list[Turn] = []
+        ep = Episode(group=i, steps=[], task_id=task.id)
+        for _ in range(max_turns):
+            action = (
+                env.sample_action(rng) if noisy and rng.random() < epsilon else env.oracle_action()
+            )
+            prompt = renderer.prompt_ids(instruction, history, obs)
+            state = env.state_key()
+            res = env.step(action)
+            ep.steps.append(
+                Step(
+                    observation=obs,
+                    action=action,
+                    reward=res.reward,
+                    terminal=res.done,
+                    valid=bool(res.info.get("valid", True)),
+                    state=state,
+                    next_state=env.state_key(),
+                    source="oracle",
+                    prompt_ids=prompt,
+                    response_ids=renderer.response_ids(action),
+                )
+            )
+            history.append(Turn(obs, action))
+            obs = res.observation
+            if res.done:
+                ep.success = bool(res.info.get("success", False))
+                break
+        wins += ep.success
+        out.append(ep)
+    return Demonstrations(out, wins / max(1, episodes))
+
+
+@dataclass
+class SFTStats:
+    steps: int
+    final_loss: float
+    seconds: float
+    tokens: int
+
+
+def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    width = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.bool)
+    target = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, (p, r) in enumerate(rows):
+        n = len(p) + len(r)
+        ids[i, :n] = torch.as_tensor(p + r, dtype=torch.long)
+        attn[i, :n] = True
+        target[i, len(p) : n] = True
+    return ids, attn, target
+
+
+def sft_train(
+    policy: HFPolicy,
+    rows: list[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int = 0,
+    warmup: int = 20,
+    weight_decay: float = 0.0,
+    grad_clip: float = 1.0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SFTStats:
+    """Cross-entropy on the response tokens, AdamW with warmup and cosine decay.
+
+    Args:
+        policy: the model to train (in place).
+        rows: ``(prompt_ids, response_ids)`` pairs.
+        steps: optimizer steps.
+        batch_size: rows per step (sampled without replacement, epoch by epoch).
+        lr: peak learning rate.
+        seed: shuffling seed.
+        warmup: linear warm-up steps.
+        weight_decay: AdamW weight decay.
+        grad_clip: max gradient norm.
+        on_step: called with ``(step, loss)`` after every step (progress display).
+    """
+    if not rows:
+        raise ValueError("no demonstration rows to train on")
+    model = policy.model
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        frac = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    rng = random.Random(seed)
+    order: list[int] = []
+    start = time.perf_counter()
+    tokens = 0
+    loss_val = float("nan")
+    for step in range(steps):
+        if len(order) < batch_size:
+            fresh = list(range(len(rows)))
+            rng.shuffle(fresh)
+            order.extend(fresh)
+        idx, order = order[:batch_size], order[batch_size:]
+        ids, attn, target = _batch([rows[i] for i in idx], policy.pad_id)
+        lp = policy.score(ids, attn).logprobs
+        mask = target.to(lp.device)
+        loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        sched.step()
+        tokens += int(attn.sum())
+        loss_val = float(loss.detach())
+        if on_step is not None:
+            on_step(step, loss_val)
+    return SFTStats(steps, loss_val, time.perf_counter() - start, tokens)

@@ -1,0 +1,187 @@
+"""One policy update from a token batch: epochs × mini-batches × micro-batches.
+
+Aggregation weights are computed on each whole mini-batch, so splitting it into
+micro-batches (gradient accumulation) gives the same gradient as one big batch.
+Mini-batches and micro-batches are cut at episode boundaries, so losses that look at a
+whole episode (sequence-level ratios, episode aggregation) always see all of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from credo.data import TokenBatch
+from credo.objectives import LossInputs, aggregation_weights, get_loss, kl_estimate
+from credo.policy.hf import HFPolicy
+from credo.train.config import Config
+
+__all__ = ["UpdateContext", "policy_update", "score_batch"]
+
+
+@dataclass
+class UpdateContext:
+    """What an update needs besides the batch."""
+
+    policy: HFPolicy
+    optimizer: torch.optim.Optimizer
+    cfg: Config
+    ref_policy: HFPolicy | None = None
+
+
+def _episode_chunks(episode: torch.Tensor, order: torch.Tensor, pieces: int) -> list[torch.Tensor]:
+    """Split row indices ``order`` (episode-contiguous) into ``pieces`` parts at episode
+    boundaries, as evenly as possible by rows."""
+    if pieces <= 1 or order.numel() == 0:
+        return [order]
+    ep = episode[order]
+    boundaries = torch.nonzero(ep[1:] != ep[:-1], as_tuple=False).flatten() + 1
+    cuts, target, start = [], order.numel() / pieces, 0
+    for b in boundaries.tolist():
+        if b - start >= target and len(cuts) < pieces - 1:
+            cuts.append(b)
+            start = b
+    edges = [0, *cuts, order.numel()]
+    return [order[a:b] for a, b in itertools.pairwise(edges) if b > a]
+
+
+def _micro_chunks(episode: torch.Tensor, rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Consecutive chunks of about ``size`` rows, cut at episode boundaries when possible."""
+    if rows.numel() <= size:
+        return [rows]
+    ep = episode[rows]
+    chunks, start = [], 0
+    n = rows.numel()
+    while start < n:
+        end = min(n, start + size)
+        if end < n:
+            back = end
+            while back > start + 1 and ep[back] == ep[back - 1]:
+                back -= 1
+            end = back if back > start + 1 else end
+        chunks.append(rows[start:end])
+        start = end
+    return chunks
+
+
+@torch.no_grad()
+def score_batch(
+    policy: HFPolicy, batch: TokenBatch, *, temperature: float, micro_rows: int
+) -> torch.Tensor:
+    """``[B, L]`` log-probs of every token of ``batch`` under ``policy`` (no grad)."""
+    out = torch.zeros_like(batch.old_logprobs)
+    for start in range(0, len(batch), micro_rows):
+        sub = batch.index(slice(start, start + micro_rows)).trim()
+        lp = policy.score(sub.input_ids, sub.attention_mask, temperature=temperature).logprobs
+        out[start : start + micro_rows, : lp.shape[1]] = lp.cpu()
+    return out
+
+
+def policy_update(
+    ctx: UpdateContext, batch: TokenBatch, *, iteration: int, generator: torch.Generator
+) -> dict[str, float]:
+    """Run the configured number of epochs/mini-batches on ``batch``; return metrics.
+
+    Metrics are averaged over the optimizer steps: the loss's own ``loss/...`` and
+    ``policy/...`` entries, plus ``loss/kl`` (when a reference is used),
+    ``policy/entropy`` and ``policy/grad_norm``.
+    """
+    cfg, policy = ctx.cfg, ctx.policy
+    obj, opt_cfg = cfg.objective, cfg.optim
+    temperature = cfg.rollout.temperature
+    loss_fn = get_loss(obj.loss)
+    micro = opt_cfg.micro_batch_rows
+    # Row order grouped by episode (so that chunks can be cut at episode boundaries).
+    by_episode = torch.argsort(
+        batch.episode * (batch.row.max() + 1 if len(batch) else 1) + batch.row
+    )
+    batch = batch.index(by_episode)
+    policy.model.train()
+    if opt_cfg.recompute_old_logprobs:
+        batch.old_logprobs = score_batch(policy, batch, temperature=temperature, micro_rows=micro)
+    ref_lp = None
+    if ctx.ref_policy is not None:
+        ref_lp = score_batch(ctx.ref_policy, batch, temperature=temperature, micro_rows=micro)
+
+    totals: dict[str, float] = defaultdict(float)
+    steps = 0
+    episodes = torch.unique(batch.episode)
+    for _ in range(opt_cfg.epochs):
+        perm = episodes[torch.randperm(episodes.numel(), generator=generator)]
+        rank = torch.empty(int(batch.episode.max()) + 1 if len(batch) else 0, dtype=torch.long)
+        rank[perm] = torch.arange(perm.numel())
+        order = torch.argsort(rank[batch.episode] * (len(batch) + 1) + torch.arange(len(batch)))
+        for mb_rows in _episode_chunks(batch.episode, order, opt_cfg.minibatches):
+            mb = batch.index(mb_rows)
+            weights = aggregation_weights(
+                mb.loss_mask,
+                obj.aggregation,
+                episode=mb.episode,
+                turn=mb.turn,
+                **obj.aggregation_params,
+            )
+            ctx.optimizer.zero_grad(set_to_none=True)
+            step_metrics: dict[str, float] = defaultdict(float)
+            for idx in _micro_chunks(mb.episode, torch.arange(len(mb)), micro):
+                sub = mb.index(idx).trim()
+                width = sub.input_ids.shape[1]
+                w = weights[idx][:, :width]
+                want_entropy_grad = obj.entropy_coef > 0
+                sc = policy.score(
+                    sub.input_ids, sub.attention_mask, temperature=temperature, entropy=True
+                )
+                mask = sub.loss_mask
+                inputs = LossInputs(
+                    logprobs=sc.logprobs,
+                    old_logprobs=sub.old_logprobs.to(sc.logprobs.device),
+                    advantages=sub.advantages.to(sc.logprobs.device),
+                    mask=mask.to(sc.logprobs.device),
+                    weights=w.to(sc.logprobs.device),
+                    episode=sub.episode,
+                    turn=sub.turn,
+                    ref_logprobs=None if ref_lp is None else ref_lp[mb_rows][idx][:, :width],
+                    entropy=sc.entropy,
+                    step=iteration,
+                )
+                loss, metrics = loss_fn(inputs, **obj.params)
+                wm = inputs.weights * inputs.mask
+                if inputs.ref_logprobs is not None and obj.kl_coef > 0:
+                    kl = kl_estimate(
+                        sc.logprobs, inputs.ref_logprobs.to(sc.logprobs.device), obj.kl_estimator
+                    )
+                    kl_term = (torch.where(inputs.mask, kl, torch.zeros_like(kl)) * wm).sum()
+                    loss = loss + obj.kl_coef * kl_term
+                    metrics["loss/kl"] = kl_term.detach()
+                if want_entropy_grad:
+                    ent = _entropy_with_grad(policy, sub, temperature)
+                    ent_term = (ent * wm).sum()
+                    loss = loss - obj.entropy_coef * ent_term
+                if sc.entropy is not None:
+                    metrics["policy/entropy"] = (sc.entropy * wm).sum()
+                loss.backward()
+                for k, v in metrics.items():
+                    step_metrics[k] += float(v)
+                step_metrics["loss/total"] += float(loss.detach())
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), opt_cfg.grad_clip)
+            ctx.optimizer.step()
+            step_metrics["policy/grad_norm"] = float(grad_norm)
+            for k, v in step_metrics.items():
+                totals[k] += v
+            steps += 1
+    return {k: v / max(1, steps) for k, v in totals.items()}
+
+
+def _entropy_with_grad(policy: HFPolicy, sub: TokenBatch, temperature: float) -> torch.Tensor:
+    """``[B, L]`` entropy of the policy at each position, with grad (entropy bonus)."""
+    logits = policy.model(
+        input_ids=sub.input_ids.to(policy.device),
+        attention_mask=sub.attention_mask.long().to(policy.device),
+    ).logits
+    t = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits[:, :-1].float() / t, -1)
+    ent = torch.zeros(sub.input_ids.shape, dtype=torch.float32, device=logits.device)
+    ent[:, 1:] = -(logp.exp() * logp).sum(-1)
+    return ent

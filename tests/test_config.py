@@ -1,0 +1,70 @@
+"""Config loading, overrides and the errors users see."""
+
+from __future__ import annotations
+
+import pytest
+
+from credo.train.config import ConfigError, apply_overrides, load_config, recipe_names
+
+
+def test_every_recipe_loads_and_validates() -> None:
+    names = recipe_names()
+    assert {"base", "grpo", "dr_grpo", "rloo"} <= set(names)
+    for name in names:
+        cfg = load_config(name)
+        assert cfg.recipe == name
+
+
+def test_overrides_are_typed() -> None:
+    cfg = load_config(
+        "grpo",
+        [
+            "optim.lr=1e-3",
+            "rollout.group_size=4",
+            "sft.enabled=false",
+            "env.kwargs={difficulty: multi}",
+            "credit.params.eps=0.01",
+        ],
+    )
+    assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float)
+    assert cfg.rollout.group_size == 4 and cfg.sft.enabled is False
+    assert cfg.env.kwargs == {"difficulty": "multi"} and cfg.credit.params == {"eps": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "credit.estimator=gipo",
+            "unknown estimator 'gipo'. Did you mean 'gigpo'? Valid estimator names: axpo,",
+        ),
+        ("objective.loss=pp", "Valid loss names: "),
+        ("objective.aggregation=mean", "Valid aggregation names: "),
+        ("optim.lrr=1", "unknown key 'optim.lrr'. Valid keys: lr, weight_decay"),
+        ("optim.lr=fast", "optim.lr: expected a number, got 'fast'"),
+        ("rollout.group_size=0", "rollout.group_size must be ≥ 1"),
+        ("sft.enabled=maybe", "expected true or false"),
+        (
+            "credit.params.gamma=0.9",
+            "estimator 'grpo' has no parameter(s) 'gamma'. Accepted: norm_by_std, eps",
+        ),
+        ("env.name=nowhere", "unknown env 'nowhere'"),
+        ("rollout.top_p=2", "rollout.top_p must be in (0, 1]"),
+        ("noequals", "must look like key.sub=value"),
+    ],
+)
+def test_bad_input_says_what_is_valid(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("grpo", [override])
+    assert message in str(err.value)
+
+
+def test_unknown_recipe_lists_the_valid_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown recipe 'grpoo'\. Did you mean 'grpo'"):
+        load_config("grpoo")
+
+
+def test_apply_overrides_does_not_mutate() -> None:
+    base = {"a": {"b": 1}}
+    out = apply_overrides(base, ["a.b=2", "a.c.d=[1, 2]"])
+    assert base == {"a": {"b": 1}} and out == {"a": {"b": 2, "c": {"d": [1, 2]}}}

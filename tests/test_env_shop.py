@@ -1,0 +1,168 @@
+"""The shop env: rules, rewards, oracle, snapshot/restore, invalid actions, difficulty."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from credo.envs import HELDOUT_SEED_OFFSET, Task, make_env
+from credo.envs.shop import DIFFICULTIES, ShopEnv, parse_action
+
+
+def run_oracle(env: ShopEnv, task: Task) -> tuple[bool, int, float]:
+    env.reset(task)
+    while True:
+        res = env.step(env.oracle_action())
+        assert res.info["valid"], res.observation
+        if res.done:
+            return res.info["success"], res.info["turns"], res.reward
+
+
+@pytest.mark.parametrize("difficulty", sorted(DIFFICULTIES))
+def test_oracle_solves_every_task(difficulty: str) -> None:
+    env = ShopEnv(difficulty)
+    optimal = 4 * env.n_items
+    for i in range(150):
+        for split in ("train", "test"):
+            ok, turns, reward = run_oracle(env, Task.make(split, i))
+            assert ok and reward == 1.0
+            assert turns == optimal  # search, click, choose, buy per item
+
+
+def test_the_oracle_needs_every_skill() -> None:
+    """Distractors: same title over budget, one attribute off; a random click fails."""
+    env = ShopEnv()
+    over_budget = near = 0
+    for i in range(50):
+        env.reset(Task.make("train", i))
+        g = env.goals[0]
+        title = set(g.words())
+        for p in env.catalog:
+            if set(p.title.split()) == title and p.price > g.budget:
+                over_budget += 1
+            if p.category == g.category and len(title & set(p.title.split())) == 2:
+                near += 1
+        env.step(env.oracle_action())
+        shown = env._s.results
+        matching = [pid for pid in shown if g.matches(env.catalog[pid])]
+        assert len(matching) == 1 and len(shown) == 5
+    assert over_budget == 50 * env.price_distractors
+    assert near >= 50 * env.near_distractors
+
+
+def test_reward_and_partial_credit() -> None:
+    env = ShopEnv(reward="partial")
+    env.reset(Task.make("train", 3))
+    g = env.goals[0]
+    env.step(env.oracle_action())  # search
+    env.step(env.oracle_action())  # click the right item
+    res = env.step("buy")  # no size chosen: 4 of 5 requirements (category, 2 attrs, price)
+    assert res.done and not res.info["success"]
+    assert res.reward == pytest.approx(4 / 5)
+    mixed = ShopEnv()  # default: (success + 0.2·score) / 1.2
+    mixed.reset(Task.make("train", 3))
+    for _ in range(2):
+        mixed.step(mixed.oracle_action())
+    assert mixed.step("buy").reward == pytest.approx(0.2 * 0.8 / 1.2)
+    assert g.size != ""
+
+
+def test_invalid_actions_answer_with_a_message_and_count_as_turns() -> None:
+    env = ShopEnv(max_turns=3)
+    obs0 = env.reset(Task.make("train", 0))
+    for bad, why in [
+        ("hello", "use search"),
+        ("click[1]", "click only on results"),
+        ("search[]", "empty search"),
+    ]:
+        res = env.step(bad)
+        assert not res.info["valid"]
+        assert why in res.observation
+        assert res.done or obs0 in res.observation  # the page is shown again
+    assert res.done and res.reward == 0.0 and res.info["success"] is False
+
+
+def test_bad_arguments_are_invalid_not_errors() -> None:
+    env = ShopEnv()
+    env.reset(Task.make("train", 1))
+    env.step(env.oracle_action())
+    assert not env.step("click[9]").info["valid"]
+    assert not env.step("click[x]").info["valid"]
+    env.step(env.oracle_action())
+    assert not env.step("choose[xxl]").info["valid"]
+    assert not env.step("search[red hat]").info["valid"]
+
+
+def test_snapshot_restore_is_exact() -> None:
+    env = ShopEnv()
+    env.reset(Task.make("train", 7))
+    rng = random.Random(0)
+    env.step(env.oracle_action())
+    snap = env.snapshot()
+    key, obs = env.state_key(), env.observation()
+    first = [env.step(env.sample_action(rng)).observation for _ in range(2)]
+    env.restore(snap)
+    assert env.state_key() == key and env.observation() == obs
+    rng2 = random.Random(0)
+    env.step(env.sample_action(rng2))  # same random draws → same observations
+    env.restore(snap)
+    again = [env.step(env.sample_action(random.Random(0))).observation]
+    assert again[0] == first[0]
+
+
+def test_state_key_is_canonical() -> None:
+    env = ShopEnv()
+    env.reset(Task.make("train", 2))
+    words = env.goals[0].words()
+    env.step(f"search[{' '.join(words)}]")
+    k1 = env.state_key()
+    env.step("back")
+    env.step(f"search[{' '.join(reversed(words))}]")
+    assert env.state_key() == k1  # query word order does not matter
+    assert env.abstract_state_key() == "results"
+    assert env.progress() == 0.25
+
+
+def test_tasks_are_generated_from_the_seed_and_splits_differ() -> None:
+    a, b = ShopEnv(), ShopEnv()
+    a.reset(Task.make("train", 5))
+    b.reset(Task.make("train", 5))
+    assert a.instruction() == b.instruction() and a.catalog == b.catalog
+    assert Task.make("test", 5).seed == HELDOUT_SEED_OFFSET + 5
+    train = set()
+    for i in range(200):
+        a.reset(Task.make("train", i))
+        train.add((a.instruction(), a.catalog))
+    for i in range(200):
+        a.reset(Task.make("test", i))
+        assert (a.instruction(), a.catalog) not in train
+
+
+def test_parse_and_extract_actions() -> None:
+    assert parse_action("click [ 2 ]") == ("click", "2")
+    assert parse_action("search[red wool scarf]") == ("search", "red wool scarf")
+    assert parse_action("buy") == ("buy", "")
+    assert parse_action("buy now") is None
+    env = ShopEnv()
+    assert env.extract_action("I think click[3] is best") == "click[3]"
+    assert env.extract_action("Action: back") == "back"
+    assert env.extract_action("I would buy it") is None
+    assert env.is_tool_call("search[x]") and not env.is_tool_call("buy")
+
+
+def test_multi_difficulty_needs_two_items_and_checks_sizes() -> None:
+    env = make_env("shop", difficulty="multi")
+    env.reset(Task.make("train", 0))
+    assert len(env.goals) == 2 and env.instruction().count(" and a ") == 1
+    ok, turns, _ = run_oracle(env, Task.make("train", 0))
+    assert ok and turns == 8
+
+
+def test_bad_options_fail_clearly() -> None:
+    with pytest.raises(ValueError, match="valid: easy, default, hard, multi"):
+        ShopEnv("impossible")
+    with pytest.raises(ValueError, match="catalog_size"):
+        ShopEnv(catalog_size=3)
+    with pytest.raises(ValueError, match=r"unknown env 'shpo'\. Did you mean 'shop'"):
+        make_env("shpo")
