@@ -100,7 +100,10 @@ def policy_update(
     )
     batch = batch.index(by_episode)
     policy.model.train()
-    if opt_cfg.recompute_old_logprobs:
+    # With one optimizer step per batch, π_old is the policy as it is now: the step's own
+    # forward pass (detached) gives exactly what a separate scoring pass would, for free.
+    single_step = opt_cfg.epochs * opt_cfg.minibatches == 1
+    if opt_cfg.recompute_old_logprobs and not single_step:
         batch.old_logprobs = score_batch(policy, batch, temperature=temperature, micro_rows=micro)
     ref_lp = None
     if ctx.ref_policy is not None:
@@ -136,7 +139,11 @@ def policy_update(
                 mask = sub.loss_mask
                 inputs = LossInputs(
                     logprobs=sc.logprobs,
-                    old_logprobs=sub.old_logprobs.to(sc.logprobs.device),
+                    old_logprobs=(
+                        sc.logprobs.detach()
+                        if opt_cfg.recompute_old_logprobs and single_step
+                        else sub.old_logprobs.to(sc.logprobs.device)
+                    ),
                     advantages=sub.advantages.to(sc.logprobs.device),
                     mask=mask.to(sc.logprobs.device),
                     weights=w.to(sc.logprobs.device),
