@@ -9,6 +9,7 @@ from credo.credit import graph as _graph  # noqa: F401  (registers graph)
 from credo.credit import graphpo as _graphpo  # noqa: F401  (registers graphpo)
 from credo.credit import grpo as _grpo  # noqa: F401  (registers grpo, dr_grpo, rloo)
 from credo.credit import proas as _proas  # noqa: F401  (registers proas)
+from credo.credit import returns as _returns  # noqa: F401  (registers return)
 from credo.credit import tsbpo as _tsbpo  # noqa: F401  (registers tsbpo)
 from credo.credit.registry import (
     ESTIMATORS,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -27,6 +27,8 @@ class TokenBatch:
         turn: ``[B]`` turn index ``t``.
         group: ``[B]`` group id.
         pg_mask: ``[B]`` bool, rows that may receive policy-gradient loss (not oracle).
+        token_extras: per-token tensors ``[B, L, ...]`` at the response positions (zero
+            elsewhere), e.g. KLPO's ``aux_ids`` and ``aux_old_logprobs``.
     """
 
     input_ids: torch.Tensor
@@ -39,22 +41,28 @@ class TokenBatch:
     turn: torch.Tensor
     group: torch.Tensor
     pg_mask: torch.Tensor
+    token_extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     def index(self, idx: torch.Tensor | slice) -> TokenBatch:
         """Rows ``idx`` of every field (for mini- and micro-batches)."""
-        return TokenBatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        extras = {k: v[idx] for k, v in out.pop("token_extras").items()}
+        return TokenBatch(**{k: v[idx] for k, v in out.items()}, token_extras=extras)
 
     def trim(self) -> TokenBatch:
         """Drop trailing all-padding columns (after selecting a subset of rows)."""
         width = int(self.attention_mask.sum(1).max().item()) if len(self) else 0
         out = {}
         for f in fields(self):
+            if f.name == "token_extras":
+                continue
             v = getattr(self, f.name)
             out[f.name] = v[:, :width] if v.dim() == 2 else v
-        return TokenBatch(**out)
+        extras = {k: v[:, :width] for k, v in self.token_extras.items()}
+        return TokenBatch(**out, token_extras=extras)
 
     @property
     def loss_mask(self) -> torch.Tensor:

@@ -27,6 +27,8 @@ class Step:
         response_ids: token ids it produced (including the end-of-action token).
         logprobs: the sampler's log-probability of each response token.
         info: anything else the env or sampler reported (JSON-able).
+        token_data: per-response-token tensors (first dimension = ``len(response_ids)``),
+            e.g. KLPO's auxiliary tokens ``aux_ids [n, M]``; they travel to the token batch.
     """
 
     observation: str
@@ -41,6 +43,7 @@ class Step:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    token_data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -25,7 +25,8 @@ success       bool    on a leaf row: its episode succeeded (False on inner rows)
 Beside the columns, per-row token data (``prompt_ids``, ``response_ids``,
 ``old_logprobs``: the sampler's log-probs of the response tokens), the raw observation and
 action texts, and ``extras``: optional named per-row tensors that samplers may add
-(e.g. ``progress``) and estimators may read.
+(e.g. ``progress``) and estimators may read, and ``token_extras``: optional named per-row
+tensors aligned with the response tokens (e.g. KLPO's auxiliary token ids).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class RolloutForest:
     observations: list[str] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_extras: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     _episodes: EpisodeIndex | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ basics
@@ -127,6 +129,9 @@ class RolloutForest:
             lst = getattr(self, name)
             if lst and len(lst) != n:
                 raise ValueError(f"{name} has {len(lst)} entries for {n} rows")
+        for name, lst in self.token_extras.items():
+            if len(lst) != n:
+                raise ValueError(f"token extra {name!r} has {len(lst)} rows, expected {n}")
         for name, col in self.extras.items():
             if col.shape[0] != n:
                 raise ValueError(f"extra column {name!r} has {col.shape[0]} rows, expected {n}")
@@ -328,6 +333,7 @@ class RolloutForest:
             observations=pick(self.observations),
             actions=pick(self.actions),
             extras={k: v[rows] for k, v in self.extras.items()},
+            token_extras={k: pick(v) for k, v in self.token_extras.items()},
         )
 
     @classmethod
@@ -352,6 +358,7 @@ class RolloutForest:
             return []
 
         extra_names = set.intersection(*(set(f.extras) for f in forests))
+        token_names = set.intersection(*(set(f.token_extras) for f in forests))
         return cls(
             group=cat("group"),
             parent=parent,
@@ -369,6 +376,9 @@ class RolloutForest:
             observations=join("observations"),
             actions=join("actions"),
             extras={k: torch.cat([f.extras[k] for f in forests]) for k in sorted(extra_names)},
+            token_extras={
+                k: [x for f in forests for x in f.token_extras[k]] for k in sorted(token_names)
+            },
         )
 
     @classmethod
@@ -406,6 +416,7 @@ class RolloutForest:
             prompt_ids=self.prompt_ids[i].tolist() if self.prompt_ids else [],
             response_ids=self.response_ids[i].tolist() if self.response_ids else [],
             logprobs=self.old_logprobs[i].tolist() if self.old_logprobs else [],
+            token_data={k: v[i] for k, v in self.token_extras.items()},
         )
 
     def to_batch(
@@ -439,6 +450,12 @@ class RolloutForest:
         response = torch.zeros((b, width), dtype=torch.bool)
         old_lp = torch.zeros((b, width), dtype=torch.float32)
         adv = torch.zeros((b, width), dtype=torch.float32)
+        tok_extra = {}
+        for name, lst in self.token_extras.items():
+            sample = next((x for x in lst if x.numel()), None)
+            if sample is None:
+                continue
+            tok_extra[name] = torch.zeros((b, width, *sample.shape[1:]), dtype=sample.dtype)
         for j, i in enumerate(idx):
             p, r = self.prompt_ids[i], self.response_ids[i]
             lp, lr = p.numel(), r.numel()
@@ -449,6 +466,10 @@ class RolloutForest:
             if lr:
                 old_lp[j, lp : lp + lr] = self.old_logprobs[i].to(torch.float32)
             adv[j, lp : lp + lr] = float(advantages[i])
+            for name, out in tok_extra.items():
+                x = self.token_extras[name][i]
+                if x.numel():
+                    out[j, lp : lp + x.shape[0]] = x
         episode = self.row_episode()[rows]
         return TokenBatch(
             input_ids=input_ids,
@@ -461,6 +482,7 @@ class RolloutForest:
             turn=self.t[rows],
             group=self.group[rows],
             pg_mask=(self.source[rows] != SOURCES.index("oracle")),
+            token_extras=tok_extra,
         )
 
 
@@ -475,6 +497,7 @@ class ForestBuilder:
         self._obs: list[str] = []
         self._act: list[str] = []
         self._extras: dict[str, list[float]] = {}
+        self._token: dict[str, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self._cols["group"])
@@ -504,6 +527,11 @@ class ForestBuilder:
         self._logprobs.append(torch.as_tensor(step.logprobs, dtype=torch.float32))
         self._obs.append(step.observation)
         self._act.append(step.action)
+        for k, v in step.token_data.items():
+            self._token.setdefault(k, [torch.zeros(0)] * n).append(torch.as_tensor(v))
+        for lst in self._token.values():
+            if len(lst) < n + 1:
+                lst.append(torch.zeros(0))
         for k, v in extras.items():
             self._extras.setdefault(k, [0] * n).append(v)
         for lst in self._extras.values():
@@ -539,6 +567,7 @@ class ForestBuilder:
                 else torch.tensor(v, dtype=torch.float32)
                 for k, v in self._extras.items()
             },
+            token_extras=dict(self._token),
         )
 
 

@@ -47,6 +47,7 @@ class Generation:
         text: decoded response without the stop token.
         finished: a stop token was produced (else the length cap was hit).
         aux_ids: ``[len(token_ids), M]`` auxiliary tokens, or ``None``.
+        aux_logprobs: ``[len(token_ids), M]`` the sampler's log-probs of them, or ``None``.
     """
 
     token_ids: list[int]
@@ -54,6 +55,7 @@ class Generation:
     text: str
     finished: bool
     aux_ids: torch.Tensor | None = None
+    aux_logprobs: torch.Tensor | None = None
 
 
 @runtime_checkable

@@ -147,13 +147,14 @@ class HFPolicy:
         stop = torch.as_tensor(self.stop_ids, device=self.device)
         done = torch.zeros(b, dtype=torch.bool, device=self.device)
         length = torch.full((b,), sampling.max_new_tokens, dtype=torch.long, device=self.device)
-        tokens, lps, auxes = [], [], []
+        tokens, lps, auxes, aux_lps = [], [], [], []
         for k in range(sampling.max_new_tokens):
-            tok, lp, aux = _sample(logits, sampling, generator)
+            tok, lp, aux, aux_lp = _sample(logits, sampling, generator)
             tokens.append(tok)
             lps.append(lp)
             if aux is not None:
                 auxes.append(aux)
+                aux_lps.append(aux_lp)
             newly = torch.isin(tok, stop) & ~done
             length = torch.where(newly, torch.full_like(length, k + 1), length)
             done |= newly
@@ -174,6 +175,7 @@ class HFPolicy:
         tok_mat = torch.stack(tokens, 1).cpu()
         lp_mat = torch.stack(lps, 1).cpu()
         aux_mat = torch.stack(auxes, 1).cpu() if auxes else None
+        aux_lp_mat = torch.stack(aux_lps, 1).cpu() if auxes else None
         results = []
         for i in range(b):
             n = int(length[i])
@@ -187,6 +189,7 @@ class HFPolicy:
                     text=self.tokenizer.decode(body, skip_special_tokens=True).strip(),
                     finished=finished,
                     aux_ids=aux_mat[i, :n].clone() if aux_mat is not None else None,
+                    aux_logprobs=aux_lp_mat[i, :n].clone() if aux_lp_mat is not None else None,
                 )
             )
         return results
@@ -247,8 +250,10 @@ def _cache_of(out: Any) -> Any:
 
 def _sample(
     logits: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One token per row from ``logits [B, V]`` → (token [B], logprob [B], aux [B, M] | None)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One token per row from ``logits [B, V]`` → (token [B], logprob [B], aux [B, M] | None,
+    aux log-probs [B, M] | None). Auxiliary tokens are drawn with replacement from the
+    temperature-scaled full distribution (no top-p), independently of the sampled token."""
     t = sp.temperature if sp.temperature > 0 else 1.0
     logp = F.log_softmax(logits / t, dim=-1)
     if sp.temperature == 0:
@@ -261,7 +266,8 @@ def _sample(
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
         tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    aux = None
+    aux = aux_lp = None
     if sp.aux_samples > 0:
         aux = torch.multinomial(logp.exp(), sp.aux_samples, replacement=True, generator=generator)
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1), aux
+        aux_lp = logp.gather(-1, aux)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1), aux, aux_lp

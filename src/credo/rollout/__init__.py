@@ -10,7 +10,7 @@ from credo.rollout.group import (
 from credo.rollout.render import ChatRenderer, PlainRenderer, Renderer, Turn, make_renderer
 
 #: Sampler names accepted by ``rollout.sampler``.
-SAMPLERS: tuple[str, ...] = ("group",)
+SAMPLERS: tuple[str, ...] = ("group", "single")
 
 __all__ = [
     "SAMPLERS",

@@ -132,8 +132,6 @@ def run_episodes(
                 info["abstract_state"], info["abstract_next_state"] = abstract, abstract_next
             if progress is not None:
                 info["progress"] = float(progress)
-            if gen.aux_ids is not None:
-                info["aux_ids"] = gen.aux_ids
             step = Step(
                 observation=r.observation,
                 action=action,
@@ -146,6 +144,11 @@ def run_episodes(
                 response_ids=gen.token_ids,
                 logprobs=gen.logprobs.tolist(),
                 info=info,
+                token_data=(
+                    {"aux_ids": gen.aux_ids, "aux_old_logprobs": gen.aux_logprobs}
+                    if gen.aux_ids is not None
+                    else {}
+                ),
             )
             r.episode.steps.append(step)
             r.history.append(Turn(r.observation, action))

@@ -86,7 +86,8 @@ class RolloutConfig:
     """How episodes are sampled each iteration.
 
     Attributes:
-        sampler: ``group`` (G episodes per task; the only sampler of the base recipe).
+        sampler: ``group`` (G episodes per task, default) or ``single`` (one episode per
+            task: ``group_size`` is ignored; KLPO).
         tasks_per_iter: distinct training tasks per iteration (default 16).
         group_size: G, episodes per task (default 8).
         temperature: sampling temperature (default 1.0; evaluation uses the same).
@@ -98,6 +99,8 @@ class RolloutConfig:
         invalid_penalty: subtracted from an invalid action's reward (default 0.0).
         train_tasks: size of the training task pool, seeds ``0..train_tasks-1``
             (default 100000; tasks are drawn from it each iteration).
+        aux_samples: M auxiliary tokens drawn from the sampler at every generated
+            position (KLPO; default 0 = none).
     """
 
     sampler: str = "group"
@@ -110,6 +113,7 @@ class RolloutConfig:
     max_turns: int | None = None
     invalid_penalty: float = 0.0
     train_tasks: int = 100_000
+    aux_samples: int = 0
 
 
 @dataclass

@@ -29,13 +29,13 @@ def sample_rollouts(
 ) -> RolloutResult:
     """One iteration's rollouts with the configured sampler."""
     r = cfg.rollout
-    if r.sampler == "group":
+    if r.sampler in ("group", "single"):
         return sample_groups(
             policy,
             renderer,
             make_env,
             tasks,
-            group_size=r.group_size,
+            group_size=1 if r.sampler == "single" else r.group_size,
             sampling=sampling,
             max_turns=max_turns,
             generator=generator,

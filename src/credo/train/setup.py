@@ -107,6 +107,7 @@ def sampling_params(cfg: Config, *, greedy: bool = False) -> SamplingParams:
         temperature=0.0 if greedy else cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
         max_new_tokens=cfg.rollout.max_new_tokens,
+        aux_samples=0 if greedy else cfg.rollout.aux_samples,
     )
 
 

@@ -85,9 +85,10 @@ def policy_update(
 ) -> dict[str, float]:
     """Run the configured number of epochs/mini-batches on ``batch``; return metrics.
 
-    Metrics are averaged over the optimizer steps: the loss's own ``loss/...`` and
-    ``policy/...`` entries, plus ``loss/kl`` (when a reference is used),
-    ``policy/entropy`` and ``policy/grad_norm``.
+    Metrics are averaged over the optimizer steps: the loss's own ``loss/...`` entries
+    (as the loss computed them) and ``policy/...`` entries (weighted means over the loss
+    tokens), plus ``loss/kl`` (when a reference is used), ``policy/entropy`` and
+    ``policy/grad_norm``.
     """
     cfg, policy = ctx.cfg, ctx.policy
     obj, opt_cfg = cfg.objective, cfg.optim
@@ -133,9 +134,20 @@ def policy_update(
                 width = sub.input_ids.shape[1]
                 w = weights[idx][:, :width]
                 want_entropy_grad = obj.entropy_coef > 0
+                aux_ids = sub.token_extras.get("aux_ids")
                 sc = policy.score(
-                    sub.input_ids, sub.attention_mask, temperature=temperature, entropy=True
+                    sub.input_ids,
+                    sub.attention_mask,
+                    temperature=temperature,
+                    entropy=True,
+                    extra_ids=aux_ids,
                 )
+                extras = {}
+                if aux_ids is not None:  # KLPO: the trainer's log-probs of the sampler's draws
+                    extras["aux_logprobs"] = sc.extra_logprobs
+                    extras["aux_old_logprobs"] = sub.token_extras["aux_old_logprobs"].to(
+                        sc.logprobs.device
+                    )
                 mask = sub.loss_mask
                 inputs = LossInputs(
                     logprobs=sc.logprobs,
@@ -152,6 +164,7 @@ def policy_update(
                     ref_logprobs=None if ref_lp is None else ref_lp[mb_rows][idx][:, :width],
                     entropy=sc.entropy,
                     step=iteration,
+                    extras=extras,
                 )
                 loss, metrics = loss_fn(inputs, **obj.params)
                 wm = inputs.weights * inputs.mask
@@ -172,6 +185,12 @@ def policy_update(
                 for k, v in metrics.items():
                     step_metrics[k] += float(v)
                 step_metrics["loss/total"] += float(loss.detach())
+            # `policy/*` metrics are Σ w·x; divide by Σ w so that they read as weighted means
+            # under every aggregation (the *-mean modes already have Σ w = 1).
+            total_w = float((weights * mb.loss_mask).sum())
+            for k in step_metrics:
+                if k.startswith("policy/") and total_w > 0:
+                    step_metrics[k] /= total_w
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), opt_cfg.grad_clip)
             ctx.optimizer.step()
             step_metrics["policy/grad_norm"] = float(grad_norm)
