@@ -26,17 +26,32 @@ from _common import ROOT, print_table
 
 def run(seed: int, cache: Path, runs: Path, name: str, extra: list[str]) -> dict:
     env = dict(os.environ, CREDO_CACHE=str(cache))
-    cmd = [sys.executable, "-m", "credo.cli", "train", "--seed", str(seed), "--name", name,
-           "--quiet", f"train.runs_dir={runs}", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "credo.cli",
+        "train",
+        "--seed",
+        str(seed),
+        "--name",
+        name,
+        "--quiet",
+        f"train.runs_dir={runs}",
+        *extra,
+    ]
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     minutes = (time.perf_counter() - t) / 60
     run_dir = runs / name
     warm = json.loads((run_dir / "warmstart.json").read_text())
     final = json.loads((run_dir / "final_eval.json").read_text())
-    return {"minutes": minutes, "warm": warm["eval"]["success_rate"],
-            "final": final["success_rate"], "cached": warm["cached"],
-            "episodes": final["episodes"]}
+    return {
+        "minutes": minutes,
+        "warm": warm["eval"]["success_rate"],
+        "final": final["success_rate"],
+        "cached": warm["cached"],
+        "episodes": final["episodes"],
+    }
 
 
 def main() -> None:
@@ -50,19 +65,44 @@ def main() -> None:
         cache = work / f"cache{seed}"
         r = run(seed, cache, work / "runs", f"seed{seed}", args.extra)
         results.append(r)
-        rows.append([seed, "no", f"{r['minutes']:.1f}", f"{r['warm']:.1%}", f"{r['final']:.1%}",
-                     f"{r['final'] - r['warm']:+.1%}"])
+        rows.append(
+            [
+                seed,
+                "no",
+                f"{r['minutes']:.1f}",
+                f"{r['warm']:.1%}",
+                f"{r['final']:.1%}",
+                f"{r['final'] - r['warm']:+.1%}",
+            ]
+        )
         if seed == args.seeds[0]:
             c = run(seed, cache, work / "runs", f"seed{seed}-cached", args.extra)
-            rows.append([seed, "yes", f"{c['minutes']:.1f}", f"{c['warm']:.1%}", f"{c['final']:.1%}",
-                         f"{c['final'] - c['warm']:+.1%}"])
+            rows.append(
+                [
+                    seed,
+                    "yes",
+                    f"{c['minutes']:.1f}",
+                    f"{c['warm']:.1%}",
+                    f"{c['final']:.1%}",
+                    f"{c['final'] - c['warm']:+.1%}",
+                ]
+            )
     med = lambda k: statistics.median(r[k] for r in results)  # noqa: E731
-    rows.append(["median", "no", f"{med('minutes'):.1f}", f"{med('warm'):.1%}", f"{med('final'):.1%}",
-                 f"{statistics.median(r['final'] - r['warm'] for r in results):+.1%}"])
+    rows.append(
+        [
+            "median",
+            "no",
+            f"{med('minutes'):.1f}",
+            f"{med('warm'):.1%}",
+            f"{med('final'):.1%}",
+            f"{statistics.median(r['final'] - r['warm'] for r in results):+.1%}",
+        ]
+    )
     print_table(
         f"default `credo train` on {os.cpu_count()} CPU cores, held-out success on "
         f"{results[0]['episodes']} tasks",
-        ["seed", "warm start cached", "minutes", "warm start", "trained", "change"], rows,
+        ["seed", "warm start cached", "minutes", "warm start", "trained", "change"],
+        rows,
     )
     print(f"runs kept in {work}")
 

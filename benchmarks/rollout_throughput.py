@@ -32,8 +32,15 @@ def main() -> None:
     tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]
 
     t = time.perf_counter()
-    batched = sample_groups(policy, renderer, make_env, tasks, group_size=args.group,
-                            sampling=sampling, max_turns=max_turns)
+    batched = sample_groups(
+        policy,
+        renderer,
+        make_env,
+        tasks,
+        group_size=args.group,
+        sampling=sampling,
+        max_turns=max_turns,
+    )
     t_batched = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -41,8 +48,15 @@ def main() -> None:
     single_actions = []
     for task in tasks:
         for _ in range(args.group):
-            one = sample_groups(policy, renderer, make_env, [task], group_size=1,
-                                sampling=sampling, max_turns=max_turns)
+            one = sample_groups(
+                policy,
+                renderer,
+                make_env,
+                [task],
+                group_size=1,
+                sampling=sampling,
+                max_turns=max_turns,
+            )
             single_steps += one.env_steps
             single_tokens += one.generated_tokens
             single_actions.append([s.action for s in one.episodes[0].steps])
@@ -50,18 +64,30 @@ def main() -> None:
 
     same = single_actions == [[s.action for s in e.steps] for e in batched.episodes]
     rows = [
-        ["batched (all live episodes per generate call)", batched.env_steps,
-         f"{batched.env_steps / t_batched:.1f}", f"{batched.generated_tokens / t_batched:.0f}",
-         f"{t_batched:.2f}"],
-        ["one episode at a time", single_steps, f"{single_steps / t_single:.1f}",
-         f"{single_tokens / t_single:.0f}", f"{t_single:.2f}"],
+        [
+            "batched (all live episodes per generate call)",
+            batched.env_steps,
+            f"{batched.env_steps / t_batched:.1f}",
+            f"{batched.generated_tokens / t_batched:.0f}",
+            f"{t_batched:.2f}",
+        ],
+        [
+            "one episode at a time",
+            single_steps,
+            f"{single_steps / t_single:.1f}",
+            f"{single_tokens / t_single:.0f}",
+            f"{t_single:.2f}",
+        ],
     ]
     print_table(
         f"rollout throughput, {args.tasks} tasks x {args.group} episodes (greedy)",
-        ["sampler", "env steps", "env steps/s", "tokens/s", "seconds"], rows,
+        ["sampler", "env steps", "env steps/s", "tokens/s", "seconds"],
+        rows,
     )
     print(f"identical episodes both ways: {same}")
-    print(f"speed-up (env steps/s): {(batched.env_steps / t_batched) / (single_steps / t_single):.1f}x")
+    print(
+        f"speed-up (env steps/s): {(batched.env_steps / t_batched) / (single_steps / t_single):.1f}x"
+    )
 
 
 if __name__ == "__main__":
