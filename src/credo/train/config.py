@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from credo.policy.lora import LoRAConfig
 from credo.policy.tiny import TinyModelConfig
 from credo.utils.registry import unknown_name_message
 
@@ -68,17 +69,29 @@ class ModelConfig:
     """The policy model.
 
     Attributes:
-        name: ``None`` (default) for the built-in tiny model, else a Hugging Face model
-            name or local folder loaded with ``AutoModelForCausalLM``.
+        name: ``None`` (default) for the built-in tiny model, else a credo alias
+            (``smollm2-135m``: a real pretrained model, no download; see
+            :mod:`credo.policy.models`), a Hugging Face model name or a local folder
+            loaded with ``AutoModelForCausalLM``.
         tiny: size of the built-in model (ignored when ``name`` is set).
-        dtype: ``float32`` (default), ``bfloat16`` or ``float16`` for HF models.
+        dtype: ``float32`` (default), ``bfloat16``, ``float16``, or ``auto`` (bfloat16 on
+            a GPU that supports it, else float32) for HF models.
         device: ``cpu`` (default), ``cuda``, ``cuda:1``, ``auto`` (cuda when available).
+        lora: LoRA adapters, e.g. ``{r: 8, alpha: 16, target_modules: [q_proj, v_proj]}``
+            (see :class:`~credo.policy.lora.LoRAConfig`; needs ``peft``). ``None``
+            (default) trains every weight. With LoRA only the adapters are trained,
+            optimised and checkpointed, and the KL reference is the same model with the
+            adapters switched off (no second copy).
+        gradient_checkpointing: recompute activations in the backward pass instead of
+            keeping them (default false): less memory, about a third more compute.
     """
 
     name: str | None = None
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     dtype: str = "float32"
     device: str = "cpu"
+    lora: LoRAConfig | None = None
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -92,8 +105,18 @@ class RolloutConfig:
         group_size: G, episodes per task (default 8).
         temperature: sampling temperature (default 1.0; evaluation uses the same).
         top_p: nucleus mass (default 1.0).
-        max_new_tokens: response cap per turn (default 16).
+        max_new_tokens: response cap per turn; ``None`` (default) = 16 for the built-in
+            model (actions are a few words), 48 for HF chat models (room for a few words
+            around the action).
         history_turns: past turns shown in the prompt (default 2).
+        system_prompt: chat models: the system message template, with ``{instruction}``
+            and ``{action_format}`` placeholders (default ``None``: credo's, see
+            :data:`~credo.rollout.render.DEFAULT_SYSTEM_PROMPT`).
+        user_prompt: chat models: the user message template, with ``{instruction}`` and
+            ``{observation}`` (default ``None``: goal and observation).
+        chat_examples: chat models: demonstration episodes of the env's oracle (on
+            training tasks) shown before the episode, a few-shot prompt (default 0:
+            zero-shot).
         max_turns: sampler turn cap; ``None`` (default) trusts the env's own limit and
             caps at 64.
         invalid_penalty: subtracted from an invalid action's reward (default 0.0).
@@ -108,8 +131,11 @@ class RolloutConfig:
     group_size: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: int = 16
+    max_new_tokens: int | None = None
     history_turns: int = 2
+    system_prompt: str | None = None
+    user_prompt: str | None = None
+    chat_examples: int = 0
     max_turns: int | None = None
     invalid_penalty: float = 0.0
     train_tasks: int = 100_000
@@ -168,6 +194,10 @@ class OptimConfig:
         epochs: passes over each iteration's batch (default 1).
         minibatches: optimizer steps per epoch (default 1: one step per iteration).
         micro_batch_rows: rows per forward/backward (gradient accumulation; default 256).
+        micro_batch_tokens: also cap each forward/backward at this many padded tokens
+            (rows × longest row; default ``None``: rows only). Chat prompts vary from a
+            hundred to a thousand tokens, so a token budget (e.g. 4096 for SmolLM2 on a
+            CPU) bounds activation memory where a row count does not.
         recompute_old_logprobs: score π_old with the trainer before updating (default
             true) rather than trusting the sampler's numbers.
     """
@@ -179,6 +209,7 @@ class OptimConfig:
     epochs: int = 1
     minibatches: int = 1
     micro_batch_rows: int = 256
+    micro_batch_tokens: int | None = None
     recompute_old_logprobs: bool = True
 
 
@@ -353,7 +384,10 @@ def _build(cls: Any, data: dict[str, Any], prefix: str) -> Any:
     kwargs = {}
     for k, v in data.items():
         kwargs[k] = _coerce(v, hints[k], f"{prefix + '.' if prefix else ''}{k}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:  # a section's own checks (e.g. LoRAConfig.__post_init__)
+        raise ConfigError(str(exc)) from None
 
 
 # --------------------------------------------------------------- validation
@@ -399,12 +433,13 @@ def validate(cfg: Config) -> None:
         "optim.epochs": cfg.optim.epochs,
         "optim.minibatches": cfg.optim.minibatches,
         "optim.micro_batch_rows": cfg.optim.micro_batch_rows,
+        "optim.micro_batch_tokens": cfg.optim.micro_batch_tokens,
         "eval.episodes": cfg.eval.episodes,
         "train.checkpoint_every": cfg.train.checkpoint_every,
         "sft.batch_size": cfg.sft.batch_size,
     }
     for key, value in positive.items():
-        if value < 1:
+        if value is not None and value < 1:
             raise ConfigError(f"{key} must be ≥ 1, got {value}")
     nonneg = {
         "train.iterations": cfg.train.iterations,
@@ -413,6 +448,8 @@ def validate(cfg: Config) -> None:
         "objective.kl_coef": cfg.objective.kl_coef,
         "sft.steps": cfg.sft.steps,
         "sft.noisy_steps": cfg.sft.noisy_steps,
+        "rollout.history_turns": cfg.rollout.history_turns,
+        "rollout.chat_examples": cfg.rollout.chat_examples,
     }
     for key, value in nonneg.items():
         if value < 0:
@@ -421,9 +458,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
     if not 0 <= cfg.sft.epsilon <= 1:
         raise ConfigError(f"sft.epsilon must be in [0, 1], got {cfg.sft.epsilon}")
-    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
+    if cfg.model.dtype not in ("float32", "bfloat16", "float16", "auto"):
         raise ConfigError(
-            f"model.dtype must be float32, bfloat16 or float16, got {cfg.model.dtype!r}"
+            f"model.dtype must be float32, bfloat16, float16 or auto, got {cfg.model.dtype!r}"
         )
 
 

@@ -29,12 +29,14 @@ from credo.credit import compute_advantages, estimator_state_factory
 from credo.envs.base import Task
 from credo.eval.evaluate import EvalResult, evaluate
 from credo.policy.hf import HFPolicy
+from credo.policy.lora import shared_reference, trainable_parameters
 from credo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from credo.train.config import Config
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
 from credo.train.progress import Progress, StopOnInterrupt
 from credo.train.sampling import sample_rollouts
 from credo.train.setup import (
+    add_adapters,
     build_env_factory,
     build_policy,
     cache_dir,
@@ -76,10 +78,21 @@ def _iteration_seed(seed: int, iteration: int, stream: int) -> int:
     return int(np.random.SeedSequence([seed, iteration, stream]).generate_state(1)[0])
 
 
-def _eval_key(cfg: Config, warm_key: str) -> str:
+def _eval_key(cfg: Config, warm_key: str, builtin: bool) -> str:
+    """Cache key of the warm start's held-out evaluation. Rollout settings added after
+    the first version enter only when set, so that existing cached evaluations keep
+    their keys."""
     from credo.train.config import config_hash
+    from credo.train.setup import max_new_tokens
 
-    return config_hash({"warm": warm_key, "eval": asdict(cfg.eval), "rollout": asdict(cfg.rollout)})
+    rollout = asdict(cfg.rollout)
+    rollout["max_new_tokens"] = max_new_tokens(cfg, builtin=builtin)
+    for k in ("system_prompt", "user_prompt"):
+        if rollout[k] is None:
+            del rollout[k]
+    if not rollout["chat_examples"]:
+        del rollout["chat_examples"]
+    return config_hash({"warm": warm_key, "eval": asdict(cfg.eval), "rollout": rollout})
 
 
 def _new_run_dir(cfg: Config) -> Path:
@@ -116,13 +129,25 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     probe_env = make_env()
     max_turns = default_max_turns(cfg, probe_env)
     policy, builtin = build_policy(cfg, probe_env, make_env)
-    renderer = make_run_renderer(cfg, policy, builtin, probe_env)
-    sampling = sampling_params(cfg)
+    renderer = make_run_renderer(cfg, policy, builtin, probe_env, make_env)
+    sampling = sampling_params(cfg, builtin=builtin)
 
     # --- warm start and its held-out success (both cached by config hash) --------
     ckpt = latest_checkpoint(run_dir) if resume else None
+    lora = cfg.model.lora is not None
     warm_info_path = run_dir / "warmstart.json"
     warm_eval: EvalResult | None = None
+    if ckpt is not None and lora and cfg.sft.enabled:
+        # A LoRA checkpoint holds the adapters only: rebuild their base, the warm start
+        # (from the cache; recomputed identically if the cache was cleared).
+        with progress.phase("warm start (SFT) as the base of the adapters") as tick:
+            policy, _ = warm_start(
+                cfg,
+                policy,
+                renderer,
+                make_env,
+                on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}"),
+            )
     if ckpt is None and cfg.sft.enabled:
         with progress.phase("warm start (SFT)") as tick:
             policy, ws = warm_start(
@@ -132,7 +157,8 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
                 make_env,
                 on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}"),
             )
-        eval_cache = cache_dir() / "warmstart" / ws.key / f"eval-{_eval_key(cfg, ws.key)}.json"
+        eval_name = f"eval-{_eval_key(cfg, ws.key, builtin)}.json"
+        eval_cache = cache_dir() / "warmstart" / ws.key / eval_name
         if eval_cache.exists():
             warm_eval = EvalResult(**json.loads(eval_cache.read_text()))
         warm_meta = {
@@ -166,9 +192,14 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
         warm_meta["eval"] = warm_eval.to_dict() if warm_eval else None
         warm_info_path.write_text(json.dumps(warm_meta, indent=1))
 
-    # --- optimiser, reference, estimator state; or all of it from a checkpoint ----
+    # --- adapters, optimiser, reference, estimator state; or from a checkpoint ------
+    # With LoRA, RL trains fresh adapters on the warm-start weights, and the reference is
+    # the same model with the adapters off; otherwise the reference is a frozen copy.
+    policy = add_adapters(cfg, policy)
     ref_policy: HFPolicy | None = None
-    if cfg.objective.kl_coef > 0:
+    if cfg.objective.kl_coef > 0 and lora:
+        ref_policy = shared_reference(policy)
+    elif cfg.objective.kl_coef > 0:
         ref_policy = HFPolicy(copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device)
         for p in ref_policy.model.parameters():
             p.requires_grad_(False)
@@ -176,13 +207,11 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     est_state = state_cls(**cfg.credit.state) if state_cls is not None else None
     start_iter, env_steps_total = 0, 0
     if ckpt is not None:
-        policy = HFPolicy.from_pretrained(ckpt / "policy", device=str(policy.device))
-        if ref_policy is not None:
-            ref_dir = run_dir / "reference"
-            ref_policy = HFPolicy.from_pretrained(ref_dir, device=str(policy.device))
-            ref_policy.model.eval()
+        policy.load_weights(ckpt / "policy")
+        if ref_policy is not None and not lora:
+            ref_policy.load_weights(run_dir / "reference")
     optimizer = torch.optim.AdamW(
-        policy.model.parameters(),
+        trainable_parameters(policy.model),
         lr=cfg.optim.lr,
         betas=tuple(cfg.optim.betas),
         weight_decay=cfg.optim.weight_decay,
@@ -192,7 +221,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
         start_iter, env_steps_total = saved["iteration"], saved["env_steps_total"]
         if est_state is not None and saved.get("estimator_state") is not None:
             est_state.load_state_dict(saved["estimator_state"])
-    elif ref_policy is not None:
+    elif ref_policy is not None and not lora:
         ref_policy.save(run_dir / "reference")
     if est_state is not None and ckpt is None and hasattr(est_state, "seed_from"):
         est_state.seed_from(cfg, make_env, renderer)

@@ -16,29 +16,35 @@ import torch
 from credo.envs.base import make_env, resolve_env
 from credo.policy.base import SamplingParams
 from credo.policy.hf import HFPolicy
+from credo.policy.lora import apply_lora, merge_lora
 from credo.policy.tiny import create_tiny_policy
-from credo.rollout.render import PLAIN_WORDS, Renderer, make_renderer
+from credo.rollout.render import PLAIN_WORDS, Renderer, make_renderer, oracle_examples
 from credo.train.config import Config, config_hash
 from credo.train.sft import collect_demonstrations, sft_train
+from credo.utils.cache import cache_dir
 
 __all__ = [
     "WarmStart",
+    "add_adapters",
     "build_env_factory",
     "build_policy",
     "cache_dir",
     "configure_runtime",
     "default_max_turns",
+    "enable_gradient_checkpointing",
     "env_vocabulary",
+    "make_run_renderer",
+    "max_new_tokens",
+    "resolve_device",
+    "resolve_dtype",
     "sampling_params",
     "warm_start",
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-def cache_dir() -> Path:
-    """``$CREDO_CACHE``, else ``~/.cache/credo``."""
-    return Path(os.environ.get("CREDO_CACHE", Path.home() / ".cache" / "credo"))
+#: ``rollout.max_new_tokens: null`` means this many tokens per response.
+DEFAULT_MAX_NEW_TOKENS = {"builtin": 16, "hf": 48}
 
 
 def configure_runtime(cfg: Config) -> None:
@@ -102,33 +108,82 @@ def env_vocabulary(env: Any, make: Callable[[], Any], episodes: int = 200) -> li
     return sorted(words)
 
 
-def sampling_params(cfg: Config, *, greedy: bool = False) -> SamplingParams:
+def max_new_tokens(cfg: Config, *, builtin: bool) -> int:
+    """``rollout.max_new_tokens``, or its model-dependent default (16 built-in, 48 HF)."""
+    if cfg.rollout.max_new_tokens is not None:
+        return cfg.rollout.max_new_tokens
+    return DEFAULT_MAX_NEW_TOKENS["builtin" if builtin else "hf"]
+
+
+def sampling_params(cfg: Config, *, greedy: bool = False, builtin: bool = True) -> SamplingParams:
+    """The rollout's sampling parameters (``greedy``: temperature 0, no auxiliary draws;
+    ``builtin`` picks the default response cap, see :func:`max_new_tokens`)."""
     return SamplingParams(
         temperature=0.0 if greedy else cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
-        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_new_tokens=max_new_tokens(cfg, builtin=builtin),
         aux_samples=0 if greedy else cfg.rollout.aux_samples,
     )
 
 
+def resolve_device(cfg: Config) -> str:
+    """``model.device`` with ``auto`` resolved (cuda when available, else cpu)."""
+    if cfg.model.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.model.device
+
+
+def resolve_dtype(cfg: Config, device: str) -> torch.dtype:
+    """``model.dtype`` with ``auto`` resolved: bfloat16 on a CUDA device that supports it,
+    else float32 (CPU bf16 matmuls are slow and lossy on most CPUs)."""
+    if cfg.model.dtype != "auto":
+        return _DTYPES[cfg.model.dtype]
+    if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
 def build_policy(cfg: Config, env: Any, make: Callable[[], Any]) -> tuple[HFPolicy, bool]:
-    """The untrained policy: the built-in tiny model, or an HF model (``model.name``).
+    """The untrained policy: the built-in tiny model, or an HF model (``model.name``, a
+    folder, an alias such as ``smollm2-135m`` or a hub name), with gradient checkpointing
+    when asked. LoRA adapters are added later (:func:`add_adapters`), after the warm start.
 
     Returns ``(policy, builtin)``.
     """
-    device = cfg.model.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(cfg)
     if cfg.model.name is None:
         policy = create_tiny_policy(env_vocabulary(env, make), cfg.model.tiny, seed=cfg.train.seed)
         policy.model.to(device)
         policy.device = torch.device(device)
-        return policy, True
-    from credo.policy.models import resolve_model
+        builtin = True
+    else:
+        from credo.policy.models import resolve_model
 
-    path = resolve_model(cfg.model.name)
-    policy = HFPolicy.from_pretrained(path, device=device, dtype=_DTYPES[cfg.model.dtype])
-    return policy, False
+        path = resolve_model(cfg.model.name)
+        policy = HFPolicy.from_pretrained(path, device=device, dtype=resolve_dtype(cfg, device))
+        builtin = False
+    if cfg.model.gradient_checkpointing:
+        enable_gradient_checkpointing(policy.model)
+    return policy, builtin
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute each block's activations in the backward pass (non-reentrant, so frozen
+    inputs under LoRA need no special care). transformers ≥ 5.x calls it activation
+    checkpointing."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def add_adapters(cfg: Config, policy: HFPolicy) -> HFPolicy:
+    """The policy with fresh LoRA adapters when ``model.lora`` is set (else as is); the
+    adapters' random init derives from ``train.seed``."""
+    if cfg.model.lora is None:
+        return policy
+    return apply_lora(policy, cfg.model.lora, seed=cfg.train.seed)
 
 
 @dataclass
@@ -151,16 +206,32 @@ class WarmStart:
 
 
 def warm_start_key(cfg: Config) -> str:
-    return config_hash(
-        {
-            "env": asdict(cfg.env),
-            "model": {"name": cfg.model.name, "tiny": asdict(cfg.model.tiny)},
-            "sft": {k: v for k, v in asdict(cfg.sft).items() if k != "cache"},
-            "history_turns": cfg.rollout.history_turns,
-            "seed": cfg.train.seed,
-            "version": 1,
-        }
-    )
+    """Hash of everything the warm start depends on. Settings added after version 1 enter
+    only when they differ from their defaults, so that existing cached warm starts keep
+    their keys."""
+    model: dict[str, Any] = {"name": cfg.model.name, "tiny": asdict(cfg.model.tiny)}
+    if cfg.model.lora is not None:
+        model["lora"] = asdict(cfg.model.lora)
+    if cfg.model.dtype != "float32":
+        model["dtype"] = cfg.model.dtype
+    key: dict[str, Any] = {
+        "env": asdict(cfg.env),
+        "model": model,
+        "sft": {k: v for k, v in asdict(cfg.sft).items() if k != "cache"},
+        "history_turns": cfg.rollout.history_turns,
+        "seed": cfg.train.seed,
+        "version": 1,
+    }
+    prompt = {
+        k: getattr(cfg.rollout, k)
+        for k in ("system_prompt", "user_prompt")
+        if getattr(cfg.rollout, k) is not None
+    }
+    if cfg.rollout.chat_examples:
+        prompt["chat_examples"] = cfg.rollout.chat_examples
+    if prompt:
+        key["prompt"] = prompt
+    return config_hash(key)
 
 
 def warm_start(
@@ -173,6 +244,11 @@ def warm_start(
 ) -> tuple[HFPolicy, WarmStart]:
     """SFT on clean, then on ε-noisy oracle demonstrations; cached by config hash.
 
+    With ``model.lora`` the warm start trains LoRA adapters and merges them into the
+    weights at the end: the result (and the cached folder) is always a plain model, on
+    which RL then trains fresh adapters. A cached warm start is loaded into ``policy``
+    itself (its dtype, device and gradient checkpointing stay as built).
+
     ``on_step(phase, step, total, loss)`` reports progress. Returns the (possibly
     reloaded) policy and what happened.
     """
@@ -181,8 +257,10 @@ def warm_start(
     meta_path = folder / "warmstart.json"
     if cfg.sft.cache and meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        loaded = HFPolicy.from_pretrained(folder / "policy", device=str(policy.device))
-        return loaded, WarmStart(key, True, meta["demo_success"], 0.0, folder / "policy")
+        policy.load_weights(folder / "policy")
+        _name_base(policy, folder / "policy")
+        return policy, WarmStart(key, True, meta["demo_success"], 0.0, folder / "policy")
+    policy = add_adapters(cfg, policy)
     sft = cfg.sft
     start = time.perf_counter()
     clean = collect_demonstrations(
@@ -225,6 +303,7 @@ def warm_start(
             warmup=0,
             on_step=report("noisy demos", sft.steps),
         )
+    policy = merge_lora(policy)
     seconds = time.perf_counter() - start
     if cfg.sft.cache:
         tmp = folder.with_name(folder.name + ".tmp")
@@ -240,10 +319,43 @@ def warm_start(
             shutil.rmtree(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, folder)
+        _name_base(policy, folder / "policy")
     return policy, WarmStart(key, False, noisy.success_rate, seconds, folder / "policy")
 
 
-def make_run_renderer(cfg: Config, policy: HFPolicy, builtin: bool, env: Any) -> Renderer:
+def _name_base(policy: HFPolicy, path: Path) -> None:
+    """Record ``path`` as where the model's weights live (LoRA adapters saved later name
+    it as their base model)."""
+    policy.model.name_or_path = str(path)
+    policy.model.config._name_or_path = str(path)
+
+
+def make_run_renderer(
+    cfg: Config,
+    policy: HFPolicy,
+    builtin: bool,
+    env: Any,
+    make: Callable[[], Any] | None = None,
+) -> Renderer:
+    """The run's renderer: plain for the built-in model, chat (with the configured
+    templates and ``rollout.chat_examples`` oracle demonstrations) otherwise.
+
+    Args:
+        cfg: the run config.
+        policy: its tokenizer decides the format.
+        builtin: the built-in model.
+        env: an env instance (its action format).
+        make: env factory for the few-shot demonstrations (default: from ``cfg``).
+    """
+    examples: list[Any] = []
+    if not builtin and cfg.rollout.chat_examples > 0:
+        examples = oracle_examples(make or build_env_factory(cfg), cfg.rollout.chat_examples)
     return make_renderer(
-        policy.tokenizer, builtin=builtin, history_turns=cfg.rollout.history_turns, env=env
+        policy.tokenizer,
+        builtin=builtin,
+        history_turns=cfg.rollout.history_turns,
+        env=env,
+        system_prompt=cfg.rollout.system_prompt,
+        user_prompt=cfg.rollout.user_prompt,
+        examples=examples,
     )

@@ -17,9 +17,10 @@ import torch
 from credo.data import TokenBatch
 from credo.objectives import LossInputs, aggregation_weights, get_loss, kl_estimate
 from credo.policy.hf import HFPolicy
+from credo.policy.lora import trainable_parameters
 from credo.train.config import Config
 
-__all__ = ["UpdateContext", "policy_update", "score_batch"]
+__all__ = ["UpdateContext", "first_response_column", "policy_update", "score_batch"]
 
 
 @dataclass
@@ -48,15 +49,33 @@ def _episode_chunks(episode: torch.Tensor, order: torch.Tensor, pieces: int) -> 
     return [order[a:b] for a, b in itertools.pairwise(edges) if b > a]
 
 
-def _micro_chunks(episode: torch.Tensor, rows: torch.Tensor, size: int) -> list[torch.Tensor]:
-    """Consecutive chunks of about ``size`` rows, cut at episode boundaries when possible."""
-    if rows.numel() <= size:
+def _micro_chunks(
+    episode: torch.Tensor,
+    rows: torch.Tensor,
+    size: int,
+    lengths: torch.Tensor | None = None,
+    max_tokens: int | None = None,
+) -> list[torch.Tensor]:
+    """Consecutive chunks of at most ``size`` rows and, when ``max_tokens`` is given, at
+    most ``max_tokens`` padded tokens (rows × the chunk's longest row, ``lengths`` being
+    each row's length); cut at episode boundaries when possible. A single row longer
+    than ``max_tokens`` still makes a chunk of its own."""
+    n = rows.numel()
+    if n == 0:
         return [rows]
     ep = episode[rows]
+    lens = lengths[rows].tolist() if lengths is not None and max_tokens is not None else None
     chunks, start = [], 0
-    n = rows.numel()
     while start < n:
-        end = min(n, start + size)
+        if lens is None:
+            end = min(n, start + size)
+        else:
+            end, width = start + 1, lens[start]
+            while end < n and end - start < size:
+                w = max(width, lens[end])
+                if (end - start + 1) * w > max_tokens:
+                    break
+                width, end = w, end + 1
         if end < n:
             back = end
             while back > start + 1 and ep[back] == ep[back - 1]:
@@ -67,16 +86,52 @@ def _micro_chunks(episode: torch.Tensor, rows: torch.Tensor, size: int) -> list[
     return chunks
 
 
+def first_response_column(response_mask: torch.Tensor) -> int:
+    """The first column holding a response token in any row (1 if there is none): the
+    scorer needs no logits before it (see ``HFPolicy.score(first=...)``)."""
+    cols = response_mask.any(0)
+    return max(1, int(cols.float().argmax())) if bool(cols.any()) else 1
+
+
 @torch.no_grad()
 def score_batch(
-    policy: HFPolicy, batch: TokenBatch, *, temperature: float, micro_rows: int
+    policy: HFPolicy,
+    batch: TokenBatch,
+    *,
+    temperature: float,
+    micro_rows: int,
+    micro_tokens: int | None = None,
 ) -> torch.Tensor:
-    """``[B, L]`` log-probs of every token of ``batch`` under ``policy`` (no grad)."""
+    """``[B, L]`` log-probs of every token of ``batch`` under ``policy`` (no grad), in
+    chunks of ``micro_rows`` rows (and at most ``micro_tokens`` padded tokens)."""
     out = torch.zeros_like(batch.old_logprobs)
-    for start in range(0, len(batch), micro_rows):
-        sub = batch.index(slice(start, start + micro_rows)).trim()
-        lp = policy.score(sub.input_ids, sub.attention_mask, temperature=temperature).logprobs
-        out[start : start + micro_rows, : lp.shape[1]] = lp.cpu()
+    if micro_tokens is None:
+        chunks = [
+            torch.arange(start, min(len(batch), start + micro_rows))
+            for start in range(0, len(batch), micro_rows)
+        ]
+    else:
+        lengths = batch.attention_mask.sum(1)
+        chunks = [
+            c
+            for c in _micro_chunks(
+                torch.zeros(len(batch), dtype=torch.long),  # no episode constraint here
+                torch.arange(len(batch)),
+                micro_rows,
+                lengths,
+                micro_tokens,
+            )
+            if c.numel()
+        ]
+    for idx in chunks:
+        sub = batch.index(idx).trim()
+        lp = policy.score(
+            sub.input_ids,
+            sub.attention_mask,
+            temperature=temperature,
+            first=first_response_column(sub.response_mask),
+        ).logprobs
+        out[idx, : lp.shape[1]] = lp.cpu()
     return out
 
 
@@ -95,6 +150,7 @@ def policy_update(
     temperature = cfg.rollout.temperature
     loss_fn = get_loss(obj.loss)
     micro = opt_cfg.micro_batch_rows
+    micro_tokens = opt_cfg.micro_batch_tokens
     # Row order grouped by episode (so that chunks can be cut at episode boundaries).
     by_episode = torch.argsort(
         batch.episode * (batch.row.max() + 1 if len(batch) else 1) + batch.row
@@ -105,10 +161,18 @@ def policy_update(
     # forward pass (detached) gives exactly what a separate scoring pass would, for free.
     single_step = opt_cfg.epochs * opt_cfg.minibatches == 1
     if opt_cfg.recompute_old_logprobs and not single_step:
-        batch.old_logprobs = score_batch(policy, batch, temperature=temperature, micro_rows=micro)
+        batch.old_logprobs = score_batch(
+            policy, batch, temperature=temperature, micro_rows=micro, micro_tokens=micro_tokens
+        )
     ref_lp = None
     if ctx.ref_policy is not None:
-        ref_lp = score_batch(ctx.ref_policy, batch, temperature=temperature, micro_rows=micro)
+        ref_lp = score_batch(
+            ctx.ref_policy,
+            batch,
+            temperature=temperature,
+            micro_rows=micro,
+            micro_tokens=micro_tokens,
+        )
 
     totals: dict[str, float] = defaultdict(float)
     steps = 0
@@ -129,7 +193,10 @@ def policy_update(
             )
             ctx.optimizer.zero_grad(set_to_none=True)
             step_metrics: dict[str, float] = defaultdict(float)
-            for idx in _micro_chunks(mb.episode, torch.arange(len(mb)), micro):
+            lengths = mb.attention_mask.sum(1)
+            for idx in _micro_chunks(
+                mb.episode, torch.arange(len(mb)), micro, lengths, micro_tokens
+            ):
                 sub = mb.index(idx).trim()
                 width = sub.input_ids.shape[1]
                 w = weights[idx][:, :width]
@@ -141,6 +208,7 @@ def policy_update(
                     temperature=temperature,
                     entropy=True,
                     extra_ids=aux_ids,
+                    first=first_response_column(sub.response_mask),
                 )
                 extras = {}
                 if aux_ids is not None:  # KLPO: the trainer's log-probs of the sampler's draws
@@ -191,7 +259,9 @@ def policy_update(
             for k in step_metrics:
                 if k.startswith("policy/") and total_w > 0:
                     step_metrics[k] /= total_w
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), opt_cfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                trainable_parameters(policy.model), opt_cfg.grad_clip
+            )
             ctx.optimizer.step()
             step_metrics["policy/grad_norm"] = float(grad_norm)
             for k, v in step_metrics.items():

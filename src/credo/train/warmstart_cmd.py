@@ -12,6 +12,7 @@ from credo.policy.hf import HFPolicy
 from credo.train.config import Config, load_config
 from credo.train.progress import Progress
 from credo.train.setup import (
+    add_adapters,
     build_env_factory,
     build_policy,
     configure_runtime,
@@ -31,7 +32,7 @@ def run_sft(cfg: Config, *, episodes: int | None = None, quiet: bool = False) ->
     make_env = build_env_factory(cfg)
     env = make_env()
     policy, builtin = build_policy(cfg, env, make_env)
-    renderer = make_run_renderer(cfg, policy, builtin, env)
+    renderer = make_run_renderer(cfg, policy, builtin, env, make_env)
     with progress.phase("warm start (SFT)") as tick:
         policy, ws = warm_start(
             cfg,
@@ -46,7 +47,7 @@ def run_sft(cfg: Config, *, episodes: int | None = None, quiet: bool = False) ->
             renderer,
             make_env,
             episodes=episodes or cfg.eval.episodes,
-            sampling=sampling_params(cfg),
+            sampling=sampling_params(cfg, builtin=builtin),
             max_turns=default_max_turns(cfg, env),
             seed=cfg.eval.seed,
         )
@@ -62,7 +63,13 @@ def evaluate_target(
     greedy: bool = False,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a run's trained policy (or latest checkpoint), or a model."""
+    """Evaluate a run's trained policy (or latest checkpoint), or a model.
+
+    ``model`` may be a folder, a hub name or a credo alias (``smollm2-135m``: the
+    pretrained model zero-shot, in the chat format, with its default response cap). A
+    run trained with LoRA is rebuilt as it was trained (base model, warm start from the
+    cache, adapters) and its saved adapters loaded.
+    """
     if run_dir is None and model is None:
         raise ValueError("give a run folder or --model NAME_OR_PATH")
     extra = list(overrides or [])
@@ -75,6 +82,7 @@ def evaluate_target(
         from credo.train.config import apply_overrides
 
         cfg = Config.from_dict(apply_overrides(yaml.safe_load(cfg_path.read_text()), extra))
+        configure_runtime(cfg)
         from credo.train.checkpoint import latest_checkpoint
 
         folder = Path(run_dir) / "final_policy"
@@ -86,21 +94,30 @@ def evaluate_target(
             folder, label = ckpt / "policy", f"checkpoint {ckpt.name}"
         make_env = build_env_factory(cfg)
         e = make_env()
-        policy = HFPolicy.from_pretrained(folder)
-        builtin = cfg.model.name is None
+        if (folder / "adapter_config.json").exists():
+            policy, builtin = build_policy(cfg, e, make_env)
+            if cfg.sft.enabled:
+                renderer = make_run_renderer(cfg, policy, builtin, e, make_env)
+                policy, _ = warm_start(cfg, policy, renderer, make_env)
+            policy = add_adapters(cfg, policy)
+            policy.load_weights(folder)
+        else:
+            policy = HFPolicy.from_pretrained(folder)
+            builtin = cfg.model.name is None
     else:
         cfg = load_config("grpo", [f"model.name={model}", *extra])
+        configure_runtime(cfg)
         make_env = build_env_factory(cfg)
         e = make_env()
         policy, builtin = build_policy(cfg, e, make_env)
         label = str(model)
-    renderer = make_run_renderer(cfg, policy, builtin, e)
+    renderer = make_run_renderer(cfg, policy, builtin, e, make_env)
     ev = evaluate(
         policy,
         renderer,
         make_env,
         episodes=episodes,
-        sampling=sampling_params(cfg, greedy=greedy),
+        sampling=sampling_params(cfg, greedy=greedy, builtin=builtin),
         max_turns=default_max_turns(cfg, e),
         seed=cfg.eval.seed,
     )
