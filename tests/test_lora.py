@@ -3,6 +3,7 @@ built-in model (fast); the same code on SmolLM2 is in test_smollm2.py."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from credo.train.config import ConfigError, load_config
 from credo.train.loop import train
 from credo.train.setup import enable_gradient_checkpointing
 from credo.train.warmstart_cmd import evaluate_target
+from credo.utils.cache import cache_dir
 
 pytest.importorskip("peft", reason="LoRA needs peft (make smollm installs it)")
 
@@ -225,3 +227,41 @@ def test_an_adapter_folder_loads_with_its_base(tmp_path: Path) -> None:
     again = HFPolicy.from_pretrained(tmp_path / "adapter")
     assert again.is_peft and torch.equal(_lp(again), _lp(pol))
     assert all(p.requires_grad == ("lora_" in n) for n, p in again.model.named_parameters())
+
+
+@pytest.mark.slow
+def test_lora_warm_start_is_merged_and_rebuilt_on_resume(tmp_path: Path) -> None:
+    """SFT with LoRA merges its adapters into the weights (the cached warm start is a
+    plain model); RL adds fresh adapters; resuming rebuilds that base from the cache."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    opts = [
+        "env.name=examples.custom_env:GuessEnv",
+        "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
+        "model.lora={r: 4, alpha: 8}",
+        "sft.episodes=40",
+        "sft.steps=8",
+        "sft.noisy_episodes=20",
+        "sft.noisy_steps=2",
+        "rollout.tasks_per_iter=2",
+        "rollout.group_size=3",
+        "rollout.max_new_tokens=4",
+        "eval.episodes=4",
+        "train.checkpoint_every=1",
+        f"train.runs_dir={tmp_path}",
+    ]
+    full = train(load_config("grpo", [*opts, "train.iterations=3", "train.name=full"]), quiet=True)
+    warm = json.loads((full.run_dir / "warmstart.json").read_text())
+    folder = cache_dir() / "warmstart" / warm["key"] / "policy"
+    assert (folder / "model.safetensors").exists() and not (folder / "adapter_config.json").exists()
+    part = train(load_config("grpo", [*opts, "train.iterations=1", "train.name=part"]), quiet=True)
+    resumed = train(
+        load_config("grpo", [*opts, "train.iterations=3", "train.name=part"]),
+        resume=part.run_dir,
+        quiet=True,
+    )
+    stable = [
+        [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in m]
+        for m in (full.metrics, resumed.metrics)
+    ]
+    assert stable[0] == stable[1]
+    assert resumed.final.success_rate == full.final.success_rate
