@@ -157,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         t2 = time.perf_counter()
         train_tokens = int(batch.attention_mask.sum())
         invalid = float((~rollout.forest.valid).float().mean()) if rollout.forest.num_rows else 0
+        print(
+            f"iteration {it}: sampled {rollout.generated_tokens} tokens in {t1 - t0:.1f} s "
+            f"({rollout.generated_tokens / (t1 - t0):.1f} tok/s); update on {train_tokens} "
+            f"tokens in {t2 - t1:.1f} s ({train_tokens / (t2 - t1):.1f} tok/s); iteration "
+            f"{t2 - t0:.1f} s",
+            flush=True,
+        )
         rows.append(
             [
                 it,

@@ -96,13 +96,40 @@ def test_full_checkpoint_with_tied_embeddings_restores_exactly(tmp_path: Path) -
     assert torch.equal(_lp(other), _lp(pol))
 
 
-def test_scoring_from_a_first_position_matches_full_scoring() -> None:
+def test_scoring_only_the_scored_positions_matches_full_scoring() -> None:
+    """With logit trimming on (``trim_min_vocab = 0``), rows of different lengths are
+    right-aligned and only their last K tokens scored: log-probs, entropy, extra ids and
+    gradients at the scored positions equal those of scoring everything."""
     pol = _policy()
-    full = pol.score(IDS, MASK, entropy=True)
-    part = pol.score(IDS, MASK, entropy=True, first=3)
-    torch.testing.assert_close(part.logprobs[:, 3:], full.logprobs[:, 3:], atol=1e-5, rtol=0)
-    torch.testing.assert_close(part.entropy[:, 3:], full.entropy[:, 3:], atol=1e-5, rtol=0)
-    assert torch.equal(part.logprobs[:, :3], torch.zeros(2, 3))
+    pol.model.train()
+    ids = torch.tensor([[4, 5, 6, 7, 8, 9, 10], [9, 8, 7, 6, 5, 0, 0], [4, 6, 8, 10, 0, 0, 0]])
+    mask = ids != 0
+    scored = torch.zeros_like(mask)
+    scored[0, 5:7] = True  # the last two tokens of row 0
+    scored[1, 3:5] = True  # the last two real tokens of row 1
+    # row 2 has nothing scored
+    extra = torch.randint(4, 20, (3, 7, 2), generator=torch.Generator().manual_seed(0))
+    outs, grads = [], []
+    for trim in (10**9, 0):
+        pol.trim_min_vocab = trim
+        pol.model.zero_grad()
+        out = pol.score(ids, mask, entropy=True, extra_ids=extra, scored=scored)
+        (out.logprobs * scored).sum().backward()
+        outs.append(out)
+        grads.append([p.grad.clone() for p in pol.model.parameters() if p.grad is not None])
+    full, part = outs
+    assert pol._score_window(mask.bool(), scored) == 2
+    for a, b in ((full.logprobs, part.logprobs), (full.entropy, part.entropy)):
+        torch.testing.assert_close(a[scored], b[scored], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        full.extra_logprobs[scored], part.extra_logprobs[scored], atol=1e-5, rtol=0
+    )
+    # only the last K = 2 real tokens of each row were computed; the rest is 0
+    assert torch.equal(part.logprobs[0, :5], torch.zeros(5))
+    assert torch.equal(part.logprobs[2, :2], torch.zeros(2))
+    torch.testing.assert_close(part.logprobs[2, 2:4], full.logprobs[2, 2:4], atol=1e-5, rtol=0)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients() -> None:

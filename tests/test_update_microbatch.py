@@ -12,7 +12,7 @@ from credo.policy import SamplingParams, TinyModelConfig, create_tiny_policy
 from credo.rollout import PlainRenderer, sample_groups
 from credo.rollout.render import PLAIN_WORDS
 from credo.train.config import load_config
-from credo.train.update import UpdateContext, _micro_chunks, first_response_column, policy_update
+from credo.train.update import UpdateContext, _micro_chunks, policy_update
 
 
 def _ids(chunks: list[torch.Tensor]) -> list[list[int]]:
@@ -35,12 +35,6 @@ def test_chunks_respect_rows_tokens_and_episodes() -> None:
     assert _ids(_micro_chunks(ep0, torch.arange(4), 10, same, 4)) == [[0, 1], [2, 3]]
     # a row longer than the budget makes a chunk of its own
     assert _ids(_micro_chunks(episode, rows, 10, lengths, 4)) == [[0], [1], [2, 3], [4]]
-
-
-def test_first_response_column() -> None:
-    mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 0]], dtype=torch.bool)
-    assert first_response_column(mask) == 2
-    assert first_response_column(torch.zeros(2, 5, dtype=torch.bool)) == 1
 
 
 def test_token_budget_gives_the_same_update() -> None:

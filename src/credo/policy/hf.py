@@ -6,8 +6,8 @@ with grad for the loss.
 
 Large vocabularies (SmolLM2: 49 152 tokens) make the ``[B, L, V]`` logits the biggest
 tensor of a step, so the prefill of a generation asks the model for the last position's
-logits only, and :meth:`HFPolicy.score` computes logits only from the first scored
-position on (``first``), where the model supports ``logits_to_keep``.
+logits only, and :meth:`HFPolicy.score` can compute logits only for the positions the
+caller needs (``scored``: the response tokens at the end of each row).
 
 The model may be a ``peft`` LoRA model (:mod:`credo.policy.lora`): :meth:`HFPolicy.save`
 then writes the adapters only, :meth:`HFPolicy.load_weights` restores them exactly, and
@@ -37,6 +37,9 @@ try:  # transformers' per-file progress bars would fight with credo's own displa
     _hf_logging.disable_progress_bar()
 except ImportError:  # pragma: no cover
     pass
+
+#: Default of ``HFPolicy.trim_min_vocab``.
+TRIM_MIN_VOCAB = 4096
 
 _CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
@@ -95,6 +98,11 @@ class HFPolicy:
         self._keep_arg = next(
             (k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None
         )
+        self.vocab_size = int(getattr(base.config, "vocab_size", 0) or len(tokenizer))
+        #: :meth:`score` trims logits to the scored positions from this vocabulary size on
+        #: (below it the saving is nil, and scoring everything keeps the built-in model's
+        #: numbers identical to earlier versions).
+        self.trim_min_vocab = TRIM_MIN_VOCAB
 
     @property
     def is_peft(self) -> bool:
@@ -318,7 +326,7 @@ class HFPolicy:
         temperature: float = 1.0,
         entropy: bool = False,
         extra_ids: torch.Tensor | None = None,
-        first: int = 1,
+        scored: torch.Tensor | None = None,
     ) -> ScoreOutput:
         """Log-probs of right-padded sequences (with grad when grad is enabled).
 
@@ -328,38 +336,116 @@ class HFPolicy:
             temperature: logits are divided by it (as when sampling); 0 is treated as 1.
             entropy: also return the per-position entropy (no grad).
             extra_ids: ``[B, L, M]`` token ids whose log-probs to gather at each position.
-            first: score tokens ``first ..`` only (default 1: all); earlier positions get 0.
-                Logits are computed for positions ``first-1 ..`` only, which saves most of
-                the ``[B, L, V]`` logits when long prompts precede short responses.
+            scored: ``[B, L]`` bool, the positions whose values the caller needs (e.g. the
+                response tokens), or ``None`` (default): all. With a vocabulary of at least
+                ``trim_min_vocab`` tokens, logits are then computed only for the last K
+                real tokens of every row, K just covering each row's scored positions
+                (responses end their rows, prompts are long: most of the ``[B, L, V]``
+                logits are never needed). Values outside that window are 0.
         """
         input_ids = input_ids.to(self.device)
-        attention_mask = attention_mask.to(self.device)
-        b, length = input_ids.shape
-        first = min(max(1, int(first)), max(1, length))
-        keep = length - first + 1  # logits of positions first-1 .. L-1
-        kwargs = {self._keep_arg: keep} if self._keep_arg and first > 1 else {}
+        mask = attention_mask.to(self.device).bool()
+        window = self._score_window(mask, scored)
+        if window is None:
+            return self._score_all(input_ids, mask, temperature, entropy, extra_ids)
+        return self._score_last(input_ids, mask, window, temperature, entropy, extra_ids)
+
+    def _score_window(self, mask: torch.Tensor, scored: torch.Tensor | None) -> int | None:
+        """K, the number of final tokens per row holding every scored position, or
+        ``None`` when scoring everything is as cheap (small vocabulary, short rows)."""
+        if scored is None or self.vocab_size < self.trim_min_vocab:
+            return None
+        scored = scored.to(mask.device).bool() & mask
+        length = mask.shape[1]
+        if not bool(scored.any()):
+            return 0
+        first = torch.where(scored.any(1), scored.float().argmax(1), mask.sum(1))
+        k = int((mask.sum(1) - first).max())
+        return None if k + 1 >= length else k
+
+    def _score_all(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        temperature: float,
+        entropy: bool,
+        extra_ids: torch.Tensor | None,
+    ) -> ScoreOutput:
         with self._adapters():
             logits = self.model(
-                input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False, **kwargs
+                input_ids=input_ids, attention_mask=mask.long(), use_cache=False
             ).logits
-        logits = logits[:, -keep:]
         t = temperature if temperature > 0 else 1.0
-        logp_all = F.log_softmax(logits[:, :-1].float() / t, dim=-1)  # predicts first .. L-1
+        logp_all = F.log_softmax(logits[:, :-1].float() / t, dim=-1)
+        b, length = input_ids.shape
         lp = torch.zeros((b, length), dtype=torch.float32, device=self.device)
-        lp[:, first:] = logp_all.gather(-1, input_ids[:, first:, None]).squeeze(-1)
-        lp = lp * attention_mask.to(lp.dtype)
+        lp[:, 1:] = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        lp = lp * mask.to(lp.dtype)
         ent = None
         if entropy:
             with torch.no_grad():
                 ent = torch.zeros((b, length), dtype=torch.float32, device=self.device)
-                ent[:, first:] = -(logp_all.exp() * logp_all).sum(-1)
+                ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1)
         extra = None
         if extra_ids is not None:
             m = extra_ids.shape[-1]
             extra = torch.zeros((b, length, m), dtype=torch.float32, device=self.device)
-            extra[:, first:] = logp_all.gather(
-                -1, extra_ids[:, first:].to(self.device).clamp(min=0)
-            )
+            extra[:, 1:] = logp_all.gather(-1, extra_ids[:, 1:].to(self.device).clamp(min=0))
+        return ScoreOutput(lp, ent, extra)
+
+    def _score_last(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        k: int,
+        temperature: float,
+        entropy: bool,
+        extra_ids: torch.Tensor | None,
+    ) -> ScoreOutput:
+        """Score the last ``k`` real tokens of every row: right-align the rows (left
+        padding, positions counted from the mask, as in :meth:`generate`), ask the model
+        for the last ``k + 1`` positions' logits only, and put the values back in place."""
+        b, length = input_ids.shape
+        lp = torch.zeros((b, length), dtype=torch.float32, device=self.device)
+        ent = torch.zeros_like(lp) if entropy else None
+        m = extra_ids.shape[-1] if extra_ids is not None else 0
+        extra = (
+            torch.zeros((b, length, m), dtype=torch.float32, device=self.device)
+            if extra_ids is not None
+            else None
+        )
+        if k == 0:
+            return ScoreOutput(lp, ent, extra)
+        shift = length - mask.sum(1)  # [B] how far each row moves right
+        src = torch.arange(length, device=self.device)[None] - shift[:, None]  # [B, L]
+        real = src >= 0
+        ids = input_ids.gather(1, src.clamp(min=0)).masked_fill(~real, self.pad_id)
+        pos = (real.long().cumsum(1) - 1).clamp(min=0)
+        keep = {self._keep_arg: k + 1} if self._keep_arg else {}
+        with self._adapters():
+            logits = self.model(
+                input_ids=ids,
+                attention_mask=real.long(),
+                position_ids=pos,
+                use_cache=False,
+                **keep,
+            ).logits[:, -(k + 1) :]
+        t = temperature if temperature > 0 else 1.0
+        logp = F.log_softmax(logits[:, :-1].float() / t, dim=-1)  # [B, k, V]: columns L-k..
+        orig = src[:, length - k :]  # original column of each scored token
+        ok = orig >= 1  # padding and position 0 get no value
+        index = orig.clamp(min=0)
+        values = logp.gather(-1, ids[:, length - k :, None]).squeeze(-1)
+        lp = lp.scatter(1, index, torch.where(ok, values, torch.zeros_like(values)))
+        if ent is not None:
+            with torch.no_grad():
+                h = -(logp.exp() * logp).sum(-1)
+                ent = ent.scatter(1, index, torch.where(ok, h, torch.zeros_like(h)))
+        if extra is not None and extra_ids is not None:
+            idx3 = index[..., None].expand(-1, -1, m)
+            aux = extra_ids.to(self.device).gather(1, idx3).clamp(min=0)
+            vals = logp.gather(-1, aux)
+            extra = extra.scatter(1, idx3, torch.where(ok[..., None], vals, torch.zeros_like(vals)))
         return ScoreOutput(lp, ent, extra)
 
     def logprobs(

@@ -14,7 +14,7 @@ An alias names a real pretrained model that credo can materialise **without a do
    network, unless ``HF_HUB_OFFLINE=1``; the reachability probe gives up after
    :data:`HUB_TIMEOUT_S` seconds, so an unreachable hub never hangs a run;
 3. the packaged GGUF, converted once into the cached folder (dequantised, saved as
-   safetensors; about 30 s on two cores).
+   safetensors; 30–45 s on two cores, mostly spent in the GGUF reader).
 
 Each step says what it does on stderr, and the conversion how long it took. Note that
 the hub weights (bf16 originals) and the converted GGUF (4-bit, dequantised) are not the
@@ -258,7 +258,7 @@ def convert_gguf_model(alias: ModelAlias, folder: Path | None = None, *, log: Lo
     """Convert the alias's packaged GGUF into ``folder`` (default :func:`alias_folder`)."""
     gguf_path = packaged_gguf(alias)
     folder = folder or alias_folder(alias)
-    log(f"{alias.name}: converting the packaged {gguf_path.name} into {folder} (once; ~30 s)")
+    log(f"{alias.name}: converting the packaged {gguf_path.name} into {folder} (once; 30-45 s)")
     start = time.perf_counter()
     model, tokenizer = load_gguf(gguf_path)
     meta = {"alias": alias.name, "source": "gguf", "gguf": str(gguf_path)}

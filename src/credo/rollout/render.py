@@ -8,10 +8,11 @@ Two formats:
 
   and the response is the action followed by ``<eos>``.
 - :class:`ChatRenderer` for models with a chat template (real instruct models): a
-  system message with the instruction and the env's action rules, one user message per
-  observation and one assistant message per action for the last k turns, then the
-  current observation; the response ends at the end of the assistant turn, and the
-  action is found in the reply by the env's extractor (:meth:`ChatRenderer.extract_action`).
+  system message with the env's action rules, optional few-shot demonstration episodes,
+  one user message (goal and observation) per observation and one assistant message per
+  action for the last k turns, then the current observation; the response ends at the end
+  of the assistant turn, and the action is found in the reply by the env's extractor
+  (:meth:`ChatRenderer.extract_action`).
 """
 
 from __future__ import annotations

@@ -125,20 +125,6 @@ def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.
     return ids, attn, target
 
 
-#: Vocabularies at least this large skip the logits of prompt positions in SFT.
-LARGE_VOCAB = 4096
-
-
-def _first_target(target: torch.Tensor, vocab: int) -> int:
-    """The first column with a target token, for ``HFPolicy.score(first=...)``: with a
-    large vocabulary the prompt positions' logits are most of the memory of a step. A
-    small vocabulary (the built-in model) gains nothing, and scoring every position
-    keeps its warm starts bit-identical to those cached before this option existed."""
-    if vocab < LARGE_VOCAB or not bool(target.any()):
-        return 1
-    return max(1, int(target.any(0).float().argmax()))
-
-
 def sft_train(
     policy: HFPolicy,
     rows: list[tuple[list[int], list[int]]],
@@ -192,7 +178,7 @@ def sft_train(
             order.extend(fresh)
         idx, order = order[:batch_size], order[batch_size:]
         ids, attn, target = _batch([rows[i] for i in idx], policy.pad_id)
-        lp = policy.score(ids, attn, first=_first_target(target, len(policy.tokenizer))).logprobs
+        lp = policy.score(ids, attn, scored=target).logprobs
         mask = target.to(lp.device)
         loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)

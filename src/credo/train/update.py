@@ -20,7 +20,7 @@ from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
 from credo.train.config import Config
 
-__all__ = ["UpdateContext", "first_response_column", "policy_update", "score_batch"]
+__all__ = ["UpdateContext", "policy_update", "score_batch"]
 
 
 @dataclass
@@ -86,13 +86,6 @@ def _micro_chunks(
     return chunks
 
 
-def first_response_column(response_mask: torch.Tensor) -> int:
-    """The first column holding a response token in any row (1 if there is none): the
-    scorer needs no logits before it (see ``HFPolicy.score(first=...)``)."""
-    cols = response_mask.any(0)
-    return max(1, int(cols.float().argmax())) if bool(cols.any()) else 1
-
-
 @torch.no_grad()
 def score_batch(
     policy: HFPolicy,
@@ -129,7 +122,7 @@ def score_batch(
             sub.input_ids,
             sub.attention_mask,
             temperature=temperature,
-            first=first_response_column(sub.response_mask),
+            scored=sub.response_mask,
         ).logprobs
         out[idx, : lp.shape[1]] = lp.cpu()
     return out
@@ -208,7 +201,7 @@ def policy_update(
                     temperature=temperature,
                     entropy=True,
                     extra_ids=aux_ids,
-                    first=first_response_column(sub.response_mask),
+                    scored=sub.response_mask,
                 )
                 extras = {}
                 if aux_ids is not None:  # KLPO: the trainer's log-probs of the sampler's draws
