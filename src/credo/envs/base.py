@@ -38,11 +38,13 @@ __all__ = [
     "Env",
     "StepResult",
     "Task",
+    "Transition",
     "env_names",
     "make_env",
     "register_env",
     "resolve_env",
     "snapshot_env",
+    "step_env",
 ]
 
 #: Seeds of held-out tasks start here; training tasks use seeds below it.
@@ -106,6 +108,44 @@ class Env(Protocol):
     def snapshot(self) -> Any: ...
 
     def restore(self, snap: Any) -> None: ...
+
+
+@dataclass
+class Transition:
+    """One env step with what credo records around it (see :func:`step_env`).
+
+    Attributes:
+        state: ``state_key()`` before the action.
+        next_state: ``state_key()`` after it.
+        result: what ``step`` returned.
+        info: ``result.info`` plus ``abstract_state``/``abstract_next_state`` and
+            ``progress`` when the env provides ``abstract_state_key()``/``progress()``.
+    """
+
+    state: str
+    next_state: str
+    result: StepResult
+    info: dict[str, Any]
+
+
+def _optional(env: Any, name: str) -> Any:
+    fn = getattr(env, name, None)
+    return fn() if fn is not None else None
+
+
+def step_env(env: Any, action: str) -> Transition:
+    """Step ``env`` and record the state keys and optional progress signals."""
+    state = env.state_key()
+    abstract = _optional(env, "abstract_state_key")
+    result = env.step(action)
+    info = dict(result.info)
+    if abstract is not None:
+        info["abstract_state"] = abstract
+        info["abstract_next_state"] = _optional(env, "abstract_state_key")
+    progress = _optional(env, "progress")
+    if progress is not None:
+        info["progress"] = float(progress)
+    return Transition(state, env.state_key(), result, info)
 
 
 def snapshot_env(env: Any) -> Any:

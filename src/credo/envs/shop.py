@@ -154,14 +154,17 @@ class Goal:
     def text(self) -> str:
         return f"a {' '.join(self.words())} in size {self.size} for at most ${self.budget}"
 
-    def matches(self, p: Product) -> bool:
-        """``p`` can satisfy this goal (title, budget and size in stock)."""
+    def looks_right(self, p: Product) -> bool:
+        """What the results page can tell: title and budget fit (sizes are not shown)."""
         return (
             p.category == self.category
             and all(p.attr(k) == v for k, v in self.attrs)
             and p.price <= self.budget
-            and self.size in p.sizes
         )
+
+    def matches(self, p: Product) -> bool:
+        """``p`` can satisfy this goal (title, budget and size in stock)."""
+        return self.looks_right(p) and self.size in p.sizes
 
     def score(self, p: Product, size: str | None) -> float:
         """Fraction of requirements met by buying ``p`` in ``size``."""
@@ -179,6 +182,7 @@ class _State:
     item: int = -1
     size: str | None = None
     cart: tuple[tuple[int, str | None], ...] = ()
+    visited: tuple[int, ...] = ()  # items opened so far (the oracle's memory, not shown)
     turn: int = 0
     message: str = ""
 
@@ -455,6 +459,7 @@ class ShopEnv:
             if not arg.isdigit() or not 1 <= int(arg) <= len(s.results):
                 return self._invalid("no such result")
             s.item, s.size, s.page = s.results[int(arg) - 1], None, "item"
+            s.visited = (*s.visited, s.item)
         elif verb == "choose":
             if s.page != "item":
                 return self._invalid("choose only on an item")
@@ -539,14 +544,23 @@ class ShopEnv:
         return self.goals[-1]
 
     def oracle_action(self) -> str:
-        """A correct next action from the current state (solves every task)."""
+        """A correct next action from the current state (solves every task).
+
+        The oracle acts on what the pages show: on the results it opens the first item
+        whose title and price fit the goal and that it has not already found wanting;
+        on the item page it goes back if the size is not in stock. So with size
+        distractors (``multi``, ``hard``) its demonstrations include checking an item and
+        going back — behaviour a policy can learn, since sizes only show on item pages.
+        """
         s, g = self._s, self._current_goal()
         if s.page == "home":
             return f"search[{' '.join(g.words())}]"
         if s.page == "results":
             if s.query == tuple(g.words()):
                 for rank, pid in enumerate(s.results):
-                    if g.matches(self.catalog[pid]):
+                    p = self.catalog[pid]
+                    found_wanting = pid in s.visited and not g.matches(p)
+                    if g.looks_right(p) and not found_wanting:
                         return f"click[{rank + 1}]"
             return "back"
         if s.page == "item":

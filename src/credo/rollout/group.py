@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from credo.data import Episode, ForestBuilder, RolloutForest, Step
-from credo.envs.base import Task
+from credo.envs.base import Task, step_env
 from credo.policy.base import Policy, SamplingParams
 from credo.rollout.render import Renderer, Turn
 
@@ -82,11 +82,6 @@ class EpisodeRunner:
         self._trace = traceback.format_exc(limit=3)
 
 
-def _env_call(env: Any, name: str, default: Any = None) -> Any:
-    fn = getattr(env, name, None)
-    return fn() if fn is not None else default
-
-
 def run_episodes(
     runners: list[EpisodeRunner],
     policy: Policy,
@@ -114,32 +109,23 @@ def run_episodes(
             gen_tokens += len(gen.token_ids)
             action = renderer.extract_action(gen.text, r.env)
             try:
-                state = r.env.state_key()
-                abstract = _env_call(r.env, "abstract_state_key")
-                result = r.env.step(action)
-                next_state = r.env.state_key()
-                abstract_next = _env_call(r.env, "abstract_state_key")
-                progress = _env_call(r.env, "progress")
+                tr = step_env(r.env, action)
             except Exception as exc:
                 r.fail("step", exc)
                 if r.episode.steps:
                     r.episode.steps[-1].terminal = True
                 continue
             env_steps += 1
-            valid = bool(result.info.get("valid", True))
-            info = dict(result.info)
-            if abstract is not None:
-                info["abstract_state"], info["abstract_next_state"] = abstract, abstract_next
-            if progress is not None:
-                info["progress"] = float(progress)
+            result, info = tr.result, tr.info
+            valid = bool(info.get("valid", True))
             step = Step(
                 observation=r.observation,
                 action=action,
                 reward=float(result.reward) - (0.0 if valid else invalid_penalty),
                 terminal=bool(result.done),
                 valid=valid,
-                state=state,
-                next_state=next_state,
+                state=tr.state,
+                next_state=tr.next_state,
                 prompt_ids=prompt,
                 response_ids=gen.token_ids,
                 logprobs=gen.logprobs.tolist(),

@@ -124,12 +124,21 @@ class CreditConfig:
         estimator: registry name (``grpo`` default; ``credo recipes`` shows what each
             recipe uses). Unknown names fail with the list of valid ones.
         params: keyword arguments of the estimator function.
-        state: keyword arguments for a stateful estimator's state object (ProAS).
+        state: keyword arguments for a stateful estimator's state object (ProAS's
+            ``ProgressGraph``: ``decay``, ``prune_frac``, ...).
+        seed_graph: how a stateful estimator's graph starts: ``empty`` (default),
+            ``demonstrations`` (the env's clean oracle episodes) or ``teacher`` (the
+            successful episodes of the policy in ``teacher``).
+        seed_episodes: episodes used to seed it (default 200).
+        teacher: a policy folder (e.g. a run's ``final_policy``) for ``seed_graph: teacher``.
     """
 
     estimator: str = "grpo"
     params: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    seed_graph: str = "empty"
+    seed_episodes: int = 200
+    teacher: str | None = None
 
 
 @dataclass
@@ -378,6 +387,22 @@ def validate(cfg: Config) -> None:
             check(name, params)
         except ValueError as e:
             raise ConfigError(f"{kind}.params: {e}") from None
+    if cfg.credit.seed_graph not in ("empty", "demonstrations", "teacher"):
+        raise ConfigError(
+            f"credit.seed_graph must be empty, demonstrations or teacher, got "
+            f"{cfg.credit.seed_graph!r}"
+        )
+    from credo.credit import estimator_state_factory
+
+    if estimator_state_factory(cfg.credit.estimator) is None and (
+        cfg.credit.state or cfg.credit.seed_graph != "empty"
+    ):
+        raise ConfigError(
+            f"estimator {cfg.credit.estimator!r} keeps no state: credit.state and "
+            "credit.seed_graph apply to stateful estimators (proas) only"
+        )
+    if cfg.credit.seed_graph == "teacher" and not cfg.credit.teacher:
+        raise ConfigError("credit.seed_graph=teacher needs credit.teacher=PATH (a policy folder)")
     if cfg.objective.aggregation not in AGGREGATIONS:
         raise ConfigError(
             unknown_name_message("aggregation", cfg.objective.aggregation, AGGREGATIONS.names())

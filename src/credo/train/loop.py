@@ -42,6 +42,7 @@ from credo.train.setup import (
     default_max_turns,
     make_run_renderer,
     sampling_params,
+    seed_estimator_state,
     warm_start,
 )
 from credo.train.update import UpdateContext, policy_update
@@ -194,8 +195,8 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
             est_state.load_state_dict(saved["estimator_state"])
     elif ref_policy is not None:
         ref_policy.save(run_dir / "reference")
-    if est_state is not None and ckpt is None and hasattr(est_state, "seed_from"):
-        est_state.seed_from(cfg, make_env, renderer)
+    if est_state is not None and ckpt is None:
+        seed_estimator_state(cfg, est_state, make_env, renderer, str(policy.device))
 
     log = MetricsLog(run_dir, resume_from=start_iter if ckpt is not None else None)
     ctx = UpdateContext(policy, optimizer, cfg, ref_policy)

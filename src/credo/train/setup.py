@@ -30,6 +30,7 @@ __all__ = [
     "default_max_turns",
     "env_vocabulary",
     "sampling_params",
+    "seed_estimator_state",
     "warm_start",
 ]
 
@@ -241,6 +242,53 @@ def warm_start(
         folder.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, folder)
     return policy, WarmStart(key, False, noisy.success_rate, seconds, folder / "policy")
+
+
+def seed_estimator_state(
+    cfg: Config, state: Any, make: Callable[[], Any], renderer: Renderer, device: str
+) -> int:
+    """Seed a stateful estimator (ProAS's graph) as ``credit.seed_graph`` says.
+
+    ``demonstrations``: the env's clean oracle episodes on training tasks the RL loop
+    is unlikely to draw (seeds from 10⁸). ``teacher``: the successful episodes of the
+    policy folder ``credit.teacher`` on the same tasks. Returns the episodes added.
+    """
+    mode = cfg.credit.seed_graph
+    if mode == "empty":
+        return 0
+    from credo.rollout.group import episodes_to_forest, sample_groups
+
+    first = 100_000_000
+    if mode == "demonstrations":
+        demos = collect_demonstrations(
+            make,
+            renderer,
+            episodes=cfg.credit.seed_episodes,
+            epsilon=0.0,
+            seed=cfg.train.seed,
+            first_task=first,
+        )
+        episodes = demos.episodes
+    else:
+        from credo.envs.base import Task
+
+        teacher = HFPolicy.from_pretrained(cfg.credit.teacher, device=device)
+        tasks = [Task.make("train", first + i) for i in range(cfg.credit.seed_episodes)]
+        gen = torch.Generator().manual_seed(cfg.train.seed)
+        probe = make()
+        res = sample_groups(
+            teacher,
+            renderer,
+            make,
+            tasks,
+            group_size=1,
+            sampling=sampling_params(cfg),
+            max_turns=default_max_turns(cfg, probe),
+            generator=gen,
+        )
+        episodes = res.episodes
+    state.add_episodes(episodes_to_forest(episodes), only_successful=True)
+    return sum(e.success for e in episodes)
 
 
 def make_run_renderer(cfg: Config, policy: HFPolicy, builtin: bool, env: Any) -> Renderer:
