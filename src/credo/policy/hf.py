@@ -202,6 +202,7 @@ class HFPolicy:
         *,
         temperature: float = 1.0,
         entropy: bool = False,
+        entropy_grad: bool = False,
         extra_ids: torch.Tensor | None = None,
     ) -> ScoreOutput:
         """Log-probs of right-padded sequences (with grad when grad is enabled).
@@ -211,6 +212,7 @@ class HFPolicy:
             attention_mask: ``[B, L]`` real tokens.
             temperature: logits are divided by it (as when sampling); 0 is treated as 1.
             entropy: also return the per-position entropy (no grad).
+            entropy_grad: the entropy keeps its graph (for an entropy bonus).
             extra_ids: ``[B, L, M]`` token ids whose log-probs to gather at each position.
         """
         input_ids = input_ids.to(self.device)
@@ -223,8 +225,8 @@ class HFPolicy:
         lp[:, 1:] = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         lp = lp * attention_mask.to(lp.dtype)
         ent = None
-        if entropy:
-            with torch.no_grad():
+        if entropy or entropy_grad:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent = torch.zeros((b, length), dtype=torch.float32, device=self.device)
                 ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1)
         extra = None

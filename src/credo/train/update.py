@@ -133,13 +133,13 @@ def policy_update(
                 sub = mb.index(idx).trim()
                 width = sub.input_ids.shape[1]
                 w = weights[idx][:, :width]
-                want_entropy_grad = obj.entropy_coef > 0
                 aux_ids = sub.token_extras.get("aux_ids")
                 sc = policy.score(
                     sub.input_ids,
                     sub.attention_mask,
                     temperature=temperature,
                     entropy=True,
+                    entropy_grad=obj.entropy_coef > 0,
                     extra_ids=aux_ids,
                 )
                 extras = {}
@@ -175,12 +175,9 @@ def policy_update(
                     kl_term = (torch.where(inputs.mask, kl, torch.zeros_like(kl)) * wm).sum()
                     loss = loss + obj.kl_coef * kl_term
                     metrics["loss/kl"] = kl_term.detach()
-                if want_entropy_grad:
-                    ent = _entropy_with_grad(policy, sub, temperature)
-                    ent_term = (ent * wm).sum()
-                    loss = loss - obj.entropy_coef * ent_term
-                if sc.entropy is not None:
-                    metrics["policy/entropy"] = (sc.entropy * wm).sum()
+                if obj.entropy_coef > 0:  # entropy bonus
+                    loss = loss - obj.entropy_coef * (sc.entropy * wm).sum()
+                metrics["policy/entropy"] = (sc.entropy.detach() * wm).sum()
                 loss.backward()
                 for k, v in metrics.items():
                     step_metrics[k] += float(v)
@@ -198,16 +195,3 @@ def policy_update(
                 totals[k] += v
             steps += 1
     return {k: v / max(1, steps) for k, v in totals.items()}
-
-
-def _entropy_with_grad(policy: HFPolicy, sub: TokenBatch, temperature: float) -> torch.Tensor:
-    """``[B, L]`` entropy of the policy at each position, with grad (entropy bonus)."""
-    logits = policy.model(
-        input_ids=sub.input_ids.to(policy.device),
-        attention_mask=sub.attention_mask.long().to(policy.device),
-    ).logits
-    t = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits[:, :-1].float() / t, -1)
-    ent = torch.zeros(sub.input_ids.shape, dtype=torch.float32, device=logits.device)
-    ent[:, 1:] = -(logp.exp() * logp).sum(-1)
-    return ent
