@@ -352,6 +352,8 @@ def sample_trees(
     else:
         n_root = uniform_root_count(budget, params.root_fraction)
 
+    totals = [0, 0]  # env steps, generated tokens
+
     def run(runners: list) -> None:
         steps, tokens = run_episodes(
             runners,
@@ -365,7 +367,6 @@ def sample_trees(
         totals[0] += steps
         totals[1] += tokens
 
-    totals = [0, 0]
     roots = start_runners(make_env, tasks, n_root, env_seed=env_seed, keep_snapshots=True)
     trajectories = [Trajectory(r.episode, runner=r) for r in roots]
     run(roots)
