@@ -29,11 +29,12 @@ from credo.credit import compute_advantages, estimator_state_factory
 from credo.envs.base import Task
 from credo.eval.evaluate import EvalResult, evaluate
 from credo.policy.hf import HFPolicy
+from credo.rollout import oracle_batch, split_oracle
 from credo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from credo.train.config import Config
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
 from credo.train.progress import Progress, StopOnInterrupt
-from credo.train.sampling import sample_rollouts
+from credo.train.sampling import make_sampler_state, sample_rollouts
 from credo.train.setup import (
     build_env_factory,
     build_policy,
@@ -167,14 +168,17 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
         warm_meta["eval"] = warm_eval.to_dict() if warm_eval else None
         warm_info_path.write_text(json.dumps(warm_meta, indent=1))
 
-    # --- optimiser, reference, estimator state; or all of it from a checkpoint ----
+    # --- optimiser, reference, estimator and sampler state; or all from a checkpoint --
     ref_policy: HFPolicy | None = None
-    if cfg.objective.kl_coef > 0:
+    if cfg.objective.kl_coef > 0 or (
+        cfg.rollout.oracle_horizon > 0 and cfg.objective.oracle_frozen == "reference"
+    ):
         ref_policy = HFPolicy(copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device)
         for p in ref_policy.model.parameters():
             p.requires_grad_(False)
     state_cls = estimator_state_factory(cfg.credit.estimator)
     est_state = state_cls(**cfg.credit.state) if state_cls is not None else None
+    sampler_state = make_sampler_state(cfg)
     start_iter, env_steps_total = 0, 0
     if ckpt is not None:
         policy = HFPolicy.from_pretrained(ckpt / "policy", device=str(policy.device))
@@ -193,6 +197,8 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
         start_iter, env_steps_total = saved["iteration"], saved["env_steps_total"]
         if est_state is not None and saved.get("estimator_state") is not None:
             est_state.load_state_dict(saved["estimator_state"])
+        if sampler_state is not None and saved.get("sampler_state") is not None:
+            sampler_state.load_state_dict(saved["sampler_state"])
     elif ref_policy is not None:
         ref_policy.save(run_dir / "reference")
     if est_state is not None and ckpt is None:
@@ -210,6 +216,9 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
             {
                 "env_steps_total": env_steps_total,
                 "estimator_state": est_state.state_dict() if est_state is not None else None,
+                "sampler_state": (
+                    sampler_state.state_dict() if sampler_state is not None else None
+                ),
             },
             keep=cfg.train.keep_checkpoints,
         )
@@ -238,20 +247,26 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
                     sampling=sampling,
                     max_turns=max_turns,
                     generator=gen,
+                    state=sampler_state,
+                    choice_seed=_iteration_seed(cfg.train.seed, it, 3),
                 )
-                forest = rollout.forest
+                # oracle rows (SERO) stay out of credit and of the RL batch
+                forest, oracle_rows = split_oracle(rollout.forest)
                 t1 = time.perf_counter()
                 # 3. credit
                 adv = compute_advantages(cfg.credit.estimator, forest, cfg.credit.params, est_state)
                 # 4. objective → optimizer step
                 batch = forest.to_batch(adv, pad_id=policy.pad_id)
                 upd_gen = torch.Generator().manual_seed(_iteration_seed(cfg.train.seed, it, 2))
-                update_metrics = policy_update(ctx, batch, iteration=it, generator=upd_gen)
+                extra = {}
+                if oracle_rows.numel():
+                    extra["oracle"] = oracle_batch(rollout.forest, pad_id=policy.pad_id)
+                update_metrics = policy_update(ctx, batch, iteration=it, generator=upd_gen, **extra)
                 t2 = time.perf_counter()
                 # 5. metrics, checkpoint
                 env_steps_total += rollout.env_steps
                 completed = it + 1
-                record = _iteration_metrics(it, rollout, adv, env_steps_total, t0, t1, t2)
+                record = _iteration_metrics(it, rollout, forest, adv, env_steps_total, t0, t1, t2)
                 record.update(update_metrics)
                 if cfg.eval.every and completed % cfg.eval.every == 0:
                     ev = evaluate(
@@ -321,10 +336,17 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
 
 
 def _iteration_metrics(
-    it: int, rollout: Any, adv: torch.Tensor, env_steps_total: int, t0: float, t1: float, t2: float
+    it: int,
+    rollout: Any,
+    forest: Any,
+    adv: torch.Tensor,
+    env_steps_total: int,
+    t0: float,
+    t1: float,
+    t2: float,
 ) -> dict[str, Any]:
+    """The iteration's record; ``forest`` is the RL forest (oracle rows left out)."""
     eps = rollout.episodes
-    forest = rollout.forest
     n = max(1, len(eps))
     rows = max(1, forest.num_rows)
     return {
@@ -346,4 +368,5 @@ def _iteration_metrics(
         "time/iteration_s": t2 - t0,
         "perf/env_steps_per_s": rollout.env_steps / max(1e-9, t1 - t0),
         "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, t1 - t0),
+        **{k: float(v) for k, v in sorted(rollout.stats.items())},
     }

@@ -4,6 +4,15 @@ Aggregation weights are computed on each whole mini-batch, so splitting it into
 micro-batches (gradient accumulation) gives the same gradient as one big batch.
 Mini-batches and micro-batches are cut at episode boundaries, so losses that look at a
 whole episode (sequence-level ratios, episode aggregation) always see all of it.
+
+SERO (``objective.oracle_coef`` = λ_O, :mod:`credo.objectives.sero`): the oracle rows come
+as a separate :class:`~credo.rollout.OracleBatch`, never mixed into the RL batch. Their
+reachability weights are computed once, before the first optimizer step, from the frozen
+policy (the policy as it is now, or the reference); the continuations are split into as
+many parts as there are mini-batches (in order, no RNG), and each optimizer step adds
+λ_O · L_O of its part to the RL loss before the gradient is clipped. With λ_O = 0 the
+term is computed for its metrics only (no gradient, in eval mode), so the parameters
+follow the base method's exactly.
 """
 
 from __future__ import annotations
@@ -15,8 +24,17 @@ from dataclasses import dataclass
 import torch
 
 from credo.data import TokenBatch
-from credo.objectives import LossInputs, aggregation_weights, get_loss, kl_estimate
+from credo.objectives import (
+    LossInputs,
+    action_logprobs,
+    aggregation_weights,
+    get_loss,
+    kl_estimate,
+    reachability_log_weights,
+    sero_loss,
+)
 from credo.policy.hf import HFPolicy
+from credo.rollout import OracleBatch
 from credo.train.config import Config
 
 __all__ = ["UpdateContext", "policy_update", "score_batch"]
@@ -80,15 +98,95 @@ def score_batch(
     return out
 
 
+def oracle_log_weights(ctx: UpdateContext, oracle: OracleBatch) -> torch.Tensor:
+    """``[M]`` SERO log-weights of the oracle rows under the frozen policy (no grad)."""
+    obj = ctx.cfg.objective
+    frozen = ctx.ref_policy if obj.oracle_frozen == "reference" else ctx.policy
+    if frozen is None:
+        raise ValueError("objective.oracle_frozen=reference needs the reference policy")
+    was_training = frozen.model.training
+    frozen.model.eval()  # a frozen copy: no dropout, no RNG
+    try:
+        lp = score_batch(
+            frozen,
+            oracle.tokens,
+            temperature=ctx.cfg.rollout.temperature,
+            micro_rows=ctx.cfg.optim.micro_batch_rows,
+        )
+    finally:
+        frozen.model.train(was_training)
+    ell = action_logprobs(lp, oracle.tokens.response_mask, geomean=obj.oracle_weight == "geomean")
+    return reachability_log_weights(
+        ell,
+        oracle.chain,
+        oracle.position,
+        mode=obj.oracle_weight,
+        inclusive=obj.oracle_weight_inclusive,
+        min_weight=obj.oracle_weight_min,
+    )
+
+
+def _oracle_step(
+    ctx: UpdateContext,
+    oracle: OracleBatch,
+    log_w: torch.Tensor,
+    rows: torch.Tensor,
+    metrics: dict[str, float],
+) -> None:
+    """Add λ_O · L_O of the oracle ``rows`` to the gradients (metrics only when λ_O = 0)."""
+    cfg, policy = ctx.cfg, ctx.policy
+    coef = cfg.objective.oracle_coef
+    if rows.numel() == 0:
+        return
+    num_chains = int(torch.unique(oracle.chain[rows]).numel())
+    was_training = policy.model.training
+    if coef == 0:
+        policy.model.eval()  # metrics only: no dropout, no RNG, no gradient
+    try:
+        for idx in _micro_chunks(oracle.chain, rows, cfg.optim.micro_batch_rows):
+            sub = oracle.tokens.index(idx).trim()
+            with torch.set_grad_enabled(coef > 0):
+                sc = policy.score(
+                    sub.input_ids, sub.attention_mask, temperature=cfg.rollout.temperature
+                )
+                loss, m = sero_loss(
+                    sc.logprobs,
+                    sub.response_mask.to(sc.logprobs.device),
+                    log_w[idx],
+                    num_chains=num_chains,
+                    num_rows=rows.numel(),
+                )
+            if coef > 0:
+                (coef * loss).backward()
+            for k, v in m.items():
+                metrics[k] += float(v)
+            metrics["loss/total"] += coef * float(loss.detach())
+    finally:
+        policy.model.train(was_training)
+
+
 def policy_update(
-    ctx: UpdateContext, batch: TokenBatch, *, iteration: int, generator: torch.Generator
+    ctx: UpdateContext,
+    batch: TokenBatch,
+    *,
+    iteration: int,
+    generator: torch.Generator,
+    oracle: OracleBatch | None = None,
 ) -> dict[str, float]:
     """Run the configured number of epochs/mini-batches on ``batch``; return metrics.
 
     Metrics are averaged over the optimizer steps: the loss's own ``loss/...`` entries
     (as the loss computed them) and ``policy/...`` entries (weighted means over the loss
     tokens), plus ``loss/kl`` (when a reference is used), ``policy/entropy`` and
-    ``policy/grad_norm``.
+    ``policy/grad_norm``; with ``oracle`` rows, SERO's ``loss/oracle``, ``oracle/nll``
+    and ``oracle/weight`` (see :mod:`credo.objectives.sero`).
+
+    Args:
+        ctx: policy, optimizer, config and reference.
+        batch: the RL token batch (policy rows).
+        iteration: the training iteration (schedules).
+        generator: RNG of the mini-batch shuffles.
+        oracle: SERO's oracle rows, or ``None``.
     """
     cfg, policy = ctx.cfg, ctx.policy
     obj, opt_cfg = cfg.objective, cfg.optim
@@ -107,8 +205,9 @@ def policy_update(
     if opt_cfg.recompute_old_logprobs and not single_step:
         batch.old_logprobs = score_batch(policy, batch, temperature=temperature, micro_rows=micro)
     ref_lp = None
-    if ctx.ref_policy is not None:
+    if ctx.ref_policy is not None and obj.kl_coef > 0:
         ref_lp = score_batch(ctx.ref_policy, batch, temperature=temperature, micro_rows=micro)
+    oracle_w = oracle_log_weights(ctx, oracle) if oracle is not None else None
 
     totals: dict[str, float] = defaultdict(float)
     steps = 0
@@ -118,7 +217,8 @@ def policy_update(
         rank = torch.empty(int(batch.episode.max()) + 1 if len(batch) else 0, dtype=torch.long)
         rank[perm] = torch.arange(perm.numel())
         order = torch.argsort(rank[batch.episode] * (len(batch) + 1) + torch.arange(len(batch)))
-        for mb_rows in _episode_chunks(batch.episode, order, opt_cfg.minibatches):
+        minibatches = _episode_chunks(batch.episode, order, opt_cfg.minibatches)
+        for mb_index, mb_rows in enumerate(minibatches):
             mb = batch.index(mb_rows)
             weights = aggregation_weights(
                 mb.loss_mask,
@@ -182,6 +282,10 @@ def policy_update(
                 for k, v in metrics.items():
                     step_metrics[k] += float(v)
                 step_metrics["loss/total"] += float(loss.detach())
+            if oracle is not None:  # this mini-batch's share of the continuations, in order
+                part = oracle.chain * len(minibatches) // max(1, oracle.num_chains)
+                rows = torch.nonzero(part == mb_index, as_tuple=False).flatten()
+                _oracle_step(ctx, oracle, oracle_w, rows, step_metrics)
             # `policy/*` metrics are Σ w·x; divide by Σ w so that they read as weighted means
             # under every aggregation (the *-mean modes already have Σ w = 1).
             total_w = float((weights * mb.loss_mask).sum())
