@@ -160,7 +160,14 @@ def test_parse_and_extract_actions() -> None:
 def test_multi_difficulty_needs_two_items_and_checks_sizes() -> None:
     env = make_env("shop", difficulty="multi")
     env.reset(Task.make("train", 0))
-    assert len(env.goals) == 2 and env.instruction().count(" and a ") == 1
+    assert len(env.goals) == 2 and env.shopping_list().count(" and a ") == 1
+    first = env.instruction()
+    assert first == f"buy {env.goals[0].text()}" and env.observation().startswith("item 1 of 2 ;")
+    while env.oracle_action() != "buy":  # the list moves on after the first purchase
+        env.step(env.oracle_action())
+    env.step("buy")
+    assert env.instruction() == f"buy {env.goals[1].text()}" != first
+    assert env.observation().startswith("item 2 of 2 ;")
     ok, turns, _ = run_oracle(env, Task.make("train", 0))
     assert ok and turns in (8, 10, 12)
 

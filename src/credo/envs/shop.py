@@ -25,6 +25,11 @@ chosen by ``reward``: ``"success"`` (0/1), ``"partial"`` (the score) or ``"mixed
 (``(success + partial_weight·score)/(1 + partial_weight)``, the default: success-focused
 with a little partial credit, which a CPU-sized model learns from best).
 
+With several items (``n_items > 1``, the ``multi`` preset) the task is a shopping list:
+``instruction()`` is its next item (k = items in the cart + 1; it changes after each
+``buy``, and credo asks for it before every prompt) and every page starts with
+``item k of n ;``. Scoring matches cart items to goals in the best order.
+
 Distractors make the oracle need every skill: products with the goal's exact title but
 over budget (the budget must be read), products one attribute away (the query must be
 copied from the instruction), and in ``multi`` difficulty products with the right title and
@@ -377,12 +382,20 @@ class ShopEnv:
         return self.observation()
 
     def instruction(self) -> str:
+        """The goal: the next item of the shopping list (the only one with one item)."""
+        return f"buy {self._current_goal().text()}"
+
+    def shopping_list(self) -> str:
+        """Every item of the task, as a person would read the whole list."""
         return "buy " + " and ".join(g.text() for g in self.goals)
 
     def observation(self) -> str:
         s = self._s
         prefix = f"{s.message} " if s.message else ""
-        cart = f"cart {len(s.cart)} of {self.n_items} ; " if self.n_items > 1 else ""
+        cart = ""
+        if self.n_items > 1:  # the shopping-list panel: which item of the list is next
+            k = min(len(s.cart), self.n_items - 1)
+            cart = f"item {k + 1} of {self.n_items} ; "
         if s.page == "home":
             body = "home : search for products"
         elif s.page == "results":
@@ -536,12 +549,8 @@ class ShopEnv:
 
     # -------------------------------------------------------------- oracle
     def _current_goal(self) -> Goal:
-        """The first goal not yet satisfied by an item in the cart."""
-        bought = [self.catalog[pid] for pid, _ in self._s.cart]
-        for g in self.goals:
-            if not any(g.matches(p) for p in bought):
-                return g
-        return self.goals[-1]
+        """The next item of the shopping list (items are bought in list order)."""
+        return self.goals[min(len(self._s.cart), len(self.goals) - 1)]
 
     def oracle_action(self) -> str:
         """A correct next action from the current state (solves every task).

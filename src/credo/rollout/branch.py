@@ -93,7 +93,7 @@ def restore_runner(
         raise RestoreDivergence(
             f"restoring {type(env).__name__} {where} raised {type(exc).__name__}: {exc}"
         ) from exc
-    return EpisodeRunner(
+    runner = EpisodeRunner(
         env,
         src.task,
         src.group,
@@ -104,6 +104,8 @@ def restore_runner(
         snapshots=list(src.snapshots[:depth]) if keep_snapshots else None,
         source=source,
     )
+    runner.refresh_instruction()  # the goal as it was at that depth
+    return runner
 
 
 def try_restore(

@@ -132,7 +132,8 @@ class EpisodeRunner:
         task: the task.
         group: the group id of the episode's rows.
         episode: the steps so far (for a branch: the shared prefix steps first).
-        instruction: the goal shown in every prompt.
+        instruction: the goal shown in the next prompt (``env.instruction()``, asked again
+            after every step; the first observation for envs without it).
         observation: the current observation.
         history: past turns (for a branch: the prefix turns first).
         done: the episode is over.
@@ -160,11 +161,16 @@ class EpisodeRunner:
     def start(self, seed: int) -> None:
         try:
             self.observation = self.env.reset(self.task, seed)
-            self.instruction = (
-                self.env.instruction() if hasattr(self.env, "instruction") else self.observation
-            )
+            self.instruction = self.observation
+            self.refresh_instruction()
         except Exception as exc:  # a user env that raises fails its episode, not the run
             self.fail("reset", exc)
+
+    def refresh_instruction(self) -> None:
+        """Ask the env for its goal again (it may change, e.g. a shopping list's next
+        item); envs without ``instruction()`` keep their first observation as the goal."""
+        if hasattr(self.env, "instruction"):
+            self.instruction = self.env.instruction()
 
     def fail(self, where: str, exc: BaseException) -> None:
         self.episode.error = f"{where}: {type(exc).__name__}: {exc}"
@@ -254,6 +260,7 @@ def take_step(
     r.episode.steps.append(step)
     r.history.append(Turn(r.observation, action))
     r.observation = result.observation
+    r.refresh_instruction()
     if result.done:
         r.done = True
         r.episode.success = bool(result.info.get("success", False))

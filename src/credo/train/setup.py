@@ -159,9 +159,36 @@ def warm_start_key(cfg: Config) -> str:
             "sft": {k: v for k, v in asdict(cfg.sft).items() if k != "cache"},
             "history_turns": cfg.rollout.history_turns,
             "seed": cfg.train.seed,
-            "version": 1,
+            "code": _code_fingerprint(cfg),
         }
     )
+
+
+def _code_fingerprint(cfg: Config) -> str:
+    """Hash of the code a warm start depends on: the env's module, the prompt renderer,
+    the demonstrations/SFT code and the built-in model. Editing any of them (e.g. your
+    env's observations) invalidates cached warm starts instead of silently reusing them."""
+    import hashlib
+    import inspect
+
+    from credo.policy import tiny, tokenizer
+    from credo.rollout import render
+    from credo.train import sft
+
+    modules = [render, sft, tiny, tokenizer]
+    try:
+        env_module = inspect.getmodule(resolve_env(cfg.env.name))
+        if env_module is not None:
+            modules.append(env_module)
+    except (TypeError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    for m in modules:
+        try:
+            digest.update(inspect.getsource(m).encode())
+        except (OSError, TypeError):
+            digest.update(m.__name__.encode())
+    return digest.hexdigest()[:16]
 
 
 def warm_start(

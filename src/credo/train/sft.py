@@ -97,6 +97,8 @@ def collect_demonstrations(
             )
             history.append(Turn(obs, action))
             obs = res.observation
+            if hasattr(env, "instruction"):  # the goal may change (a shopping list's next item)
+                instruction = env.instruction()
             if res.done:
                 ep.success = bool(res.info.get("success", False))
                 break
