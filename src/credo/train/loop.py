@@ -121,6 +121,18 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     renderer = make_run_renderer(cfg, policy, builtin, probe_env)
     sampling = sampling_params(cfg)
 
+    def held_out(policy: HFPolicy, episodes: int) -> EvalResult:
+        """Success on the first ``episodes`` held-out tasks, sampled as in training."""
+        return evaluate(
+            policy,
+            renderer,
+            make_env,
+            episodes=episodes,
+            sampling=sampling,
+            max_turns=max_turns,
+            seed=cfg.eval.seed,
+        )
+
     # --- warm start and its held-out success (both cached by config hash) --------
     ckpt = latest_checkpoint(run_dir) if resume else None
     warm_info_path = run_dir / "warmstart.json"
@@ -153,15 +165,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
             warm_eval = EvalResult(**warm_meta["eval"])
     if ckpt is None and warm_eval is None:
         with progress.phase(f"held-out eval of the warm start ({cfg.eval.episodes} episodes)"):
-            warm_eval = evaluate(
-                policy,
-                renderer,
-                make_env,
-                episodes=cfg.eval.episodes,
-                sampling=sampling,
-                max_turns=max_turns,
-                seed=cfg.eval.seed,
-            )
+            warm_eval = held_out(policy, cfg.eval.episodes)
         if eval_cache is not None:
             eval_cache.write_text(json.dumps(warm_eval.to_dict()))
     if ckpt is None:
@@ -269,15 +273,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
                 record = _iteration_metrics(it, rollout, forest, adv, env_steps_total, t0, t1, t2)
                 record.update(update_metrics)
                 if cfg.eval.every and completed % cfg.eval.every == 0:
-                    ev = evaluate(
-                        policy,
-                        renderer,
-                        make_env,
-                        episodes=cfg.eval.periodic_episodes,
-                        sampling=sampling,
-                        max_turns=max_turns,
-                        seed=cfg.eval.seed,
-                    )
+                    ev = held_out(policy, cfg.eval.periodic_episodes)
                     record["eval/success_rate"] = ev.success_rate
                 log.write(record)
                 bar.update(completed, record)
@@ -305,15 +301,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     final_eval = None
     if not interrupted:
         with progress.phase(f"held-out eval of the trained policy ({cfg.eval.episodes} episodes)"):
-            final_eval = evaluate(
-                policy,
-                renderer,
-                make_env,
-                episodes=cfg.eval.episodes,
-                sampling=sampling,
-                max_turns=max_turns,
-                seed=cfg.eval.seed,
-            )
+            final_eval = held_out(policy, cfg.eval.episodes)
         (run_dir / "final_eval.json").write_text(json.dumps(final_eval.to_dict(), indent=1))
         policy.save(run_dir / "final_policy")
     baselines = {"warm start (held-out)": warm_eval.success_rate} if warm_eval else {}
