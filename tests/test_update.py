@@ -104,3 +104,45 @@ def test_zero_advantages_leave_the_policy_unchanged_with_token_ratios() -> None:
         UpdateContext(pol, opt, cfg), batch, iteration=0, generator=torch.Generator().manual_seed(0)
     )
     assert all(torch.equal(a, b) for a, b in zip(before, pol.model.parameters()))
+
+
+def test_kl_reward_penalty_is_beta_times_the_summed_token_kl() -> None:
+    from credo.objectives import kl_estimate
+    from credo.train.update import kl_reward_penalty_rows, score_batch
+
+    pol, ref = _policy(), create_tiny_policy([f"w{i}" for i in range(40)], SMALL, seed=1)
+    cfg = load_config("grpo", ["sft.enabled=false", "objective.kl_reward_coef=0.3"])
+    ctx = UpdateContext(pol, torch.optim.SGD(pol.model.parameters(), lr=0.0), cfg, ref)
+    batch = _batch()
+    # rebuild the forest the batch came from: one row per sequence, in order
+    from credo.data import ForestBuilder, Step
+
+    b = ForestBuilder()
+    for j in range(len(batch)):
+        m = batch.attention_mask[j]
+        ids = batch.input_ids[j][m].tolist()
+        n_resp = int(batch.response_mask[j].sum())
+        b.add(
+            0,
+            -1,
+            Step(
+                "o",
+                "a",
+                prompt_ids=ids[:-n_resp],
+                response_ids=ids[-n_resp:],
+                logprobs=[0.0] * n_resp,
+            ),
+        )
+    forest = b.build()
+    pen = kl_reward_penalty_rows(ctx, forest, beta=0.3, micro_rows=4)
+    fb = forest.to_batch(torch.zeros(forest.num_rows))
+    lp = score_batch(pol, fb, temperature=1.0, micro_rows=100)
+    lr = score_batch(ref, fb, temperature=1.0, micro_rows=100)
+    want = 0.3 * (kl_estimate(lp, lr, "k3") * fb.response_mask).sum(1)
+    assert torch.allclose(pen, want, atol=1e-6) and bool((pen > 0).all())
+    same = UpdateContext(pol, ctx.optimizer, cfg, HFPolicy(copy.deepcopy(pol.model), pol.tokenizer))
+    assert torch.allclose(
+        kl_reward_penalty_rows(same, forest, beta=0.3, micro_rows=4),
+        torch.zeros(forest.num_rows),
+        atol=1e-6,
+    )

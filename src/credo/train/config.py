@@ -177,6 +177,9 @@ class ObjectiveConfig:
         kl_coef: weight of a KL(π ‖ π_ref) loss term to the frozen warm-start policy
             (default 0: no reference model is kept).
         kl_estimator: ``k1``, ``k2`` or ``k3`` (default).
+        kl_reward_coef: β of a KL *reward penalty*: each step's reward loses
+            β·Σ_tokens k(π_old, π_ref) before credit assignment (default 0: none). Uses
+            the same reference and estimator as ``kl_coef``; both can be on.
         entropy_coef: weight of an entropy bonus (default 0).
         oracle_coef: λ_O, weight of SERO's oracle-continuation loss L_O
             (:mod:`credo.objectives.sero`; default 0: none, the base method exactly).
@@ -198,6 +201,7 @@ class ObjectiveConfig:
     aggregation_params: dict[str, Any] = field(default_factory=dict)
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_reward_coef: float = 0.0
     entropy_coef: float = 0.0
     oracle_coef: float = 0.0
     oracle_weight: str = "product"
@@ -503,6 +507,7 @@ def validate(cfg: Config) -> None:
         "optim.lr": cfg.optim.lr,
         "rollout.temperature": cfg.rollout.temperature,
         "objective.kl_coef": cfg.objective.kl_coef,
+        "objective.kl_reward_coef": cfg.objective.kl_reward_coef,
         "objective.oracle_coef": cfg.objective.oracle_coef,
         "rollout.oracle_horizon": cfg.rollout.oracle_horizon,
         "sft.steps": cfg.sft.steps,

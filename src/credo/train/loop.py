@@ -14,6 +14,7 @@ run's metrics exactly.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,7 +47,7 @@ from credo.train.setup import (
     seed_estimator_state,
     warm_start,
 )
-from credo.train.update import UpdateContext, policy_update
+from credo.train.update import UpdateContext, kl_reward_penalty_rows, policy_update
 
 __all__ = ["TrainResult", "train"]
 
@@ -174,8 +175,10 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
 
     # --- optimiser, reference, estimator and sampler state; or all from a checkpoint --
     ref_policy: HFPolicy | None = None
-    if cfg.objective.kl_coef > 0 or (
-        cfg.rollout.oracle_horizon > 0 and cfg.objective.oracle_frozen == "reference"
+    if (
+        cfg.objective.kl_coef > 0
+        or cfg.objective.kl_reward_coef > 0
+        or (cfg.rollout.oracle_horizon > 0 and cfg.objective.oracle_frozen == "reference")
     ):
         ref_policy = HFPolicy(copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device)
         for p in ref_policy.model.parameters():
@@ -256,6 +259,16 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
                 )
                 # oracle rows (SERO) stay out of credit and of the RL batch
                 forest, oracle_rows = split_oracle(rollout.forest)
+                if cfg.objective.kl_reward_coef > 0:  # KL to the reference as a reward cost
+                    penalty = kl_reward_penalty_rows(
+                        ctx,
+                        forest,
+                        beta=cfg.objective.kl_reward_coef,
+                        micro_rows=cfg.optim.micro_batch_rows,
+                    )
+                    forest = dataclasses.replace(
+                        forest, reward=forest.reward - penalty, _episodes=None
+                    )
                 t1 = time.perf_counter()
                 # 3. credit
                 adv = compute_advantages(cfg.credit.estimator, forest, cfg.credit.params, est_state)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from credo.data import TokenBatch
+from credo.data import RolloutForest, TokenBatch
 from credo.objectives import (
     LossInputs,
     action_logprobs,
@@ -33,11 +33,12 @@ from credo.objectives import (
     reachability_log_weights,
     sero_loss,
 )
+from credo.objectives.kl import kl_reward_penalty
 from credo.policy.hf import HFPolicy
 from credo.rollout import OracleBatch
 from credo.train.config import Config
 
-__all__ = ["UpdateContext", "policy_update", "score_batch"]
+__all__ = ["UpdateContext", "kl_reward_penalty_rows", "policy_update", "score_batch"]
 
 
 @dataclass
@@ -163,6 +164,25 @@ def _oracle_step(
             metrics["loss/total"] += coef * float(loss.detach())
     finally:
         policy.model.train(was_training)
+
+
+@torch.no_grad()
+def kl_reward_penalty_rows(
+    ctx: UpdateContext, forest: RolloutForest, *, beta: float, micro_rows: int
+) -> torch.Tensor:
+    """``[N]`` per-row reward penalty ``β·Σ_tokens k(π, π_ref)`` of a forest's rows,
+    scored with the current policy (the sampler) and the frozen reference."""
+    if ctx.ref_policy is None:
+        raise RuntimeError("a KL reward penalty needs the reference policy")
+    batch = forest.to_batch(torch.zeros(forest.num_rows), pad_id=ctx.policy.pad_id)
+    t = ctx.cfg.rollout.temperature
+    lp = score_batch(ctx.policy, batch, temperature=t, micro_rows=micro_rows)
+    ref = score_batch(ctx.ref_policy, batch, temperature=t, micro_rows=micro_rows)
+    kl = kl_estimate(lp, ref, ctx.cfg.objective.kl_estimator)
+    penalty = kl_reward_penalty(kl, batch.response_mask, beta)
+    out = torch.zeros(forest.num_rows)
+    out[batch.row] = penalty
+    return out
 
 
 def policy_update(
