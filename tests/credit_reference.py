@@ -284,3 +284,13 @@ REFERENCES = {
     "graph": graph_reference,
     "graphpo": graphpo_reference,
 }
+
+
+def _add_b_references() -> None:
+    """The loop references of proas, tsbpo and axpo live in credit_reference_b.py."""
+    import credit_reference_b as b
+
+    REFERENCES.update(proas=b.proas_reference, tsbpo=b.tsbpo_reference, axpo=b.axpo_reference)
+
+
+_add_b_references()

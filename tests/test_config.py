@@ -68,3 +68,19 @@ def test_apply_overrides_does_not_mutate() -> None:
     base = {"a": {"b": 1}}
     out = apply_overrides(base, ["a.b=2", "a.c.d=[1, 2]"])
     assert base == {"a": {"b": 1}} and out == {"a": {"b": 2, "c": {"d": [1, 2]}}}
+
+
+def test_warm_start_cache_key_follows_what_the_warm_start_depends_on() -> None:
+    from credo.train.setup import warm_start_key
+
+    base = warm_start_key(load_config("grpo"))
+    assert base == warm_start_key(load_config("gigpo"))  # recipes share one warm start
+    assert base == warm_start_key(load_config("grpo", ["optim.lr=1e-5", "train.iterations=3"]))
+    for change in (
+        "sft.steps=10",
+        "train.seed=1",
+        "env.kwargs={difficulty: multi}",
+        "model.tiny.hidden_size=64",
+        "rollout.history_turns=1",
+    ):
+        assert warm_start_key(load_config("grpo", [change])) != base, change

@@ -141,3 +141,37 @@ def test_env_import_path_errors_are_clear() -> None:
         make_env("no_such_module:Env")
     with pytest.raises(ValueError, match="has no 'Nope'"):
         make_env("examples.custom_env:Nope")
+
+
+def test_the_goal_is_asked_again_every_turn() -> None:
+    """A shopping list's next item becomes the prompt's goal after the first purchase."""
+    from credo.envs.shop import ShopEnv
+    from credo.policy import build_word_tokenizer
+    from credo.rollout.render import PLAIN_WORDS
+
+    env = ShopEnv("multi")
+    env.reset(Task.make("train", 0))
+    actions = []
+    while True:
+        a = env.oracle_action()
+        actions.append(a)
+        if env.step(a).done:
+            break
+    tok = build_word_tokenizer([*ShopEnv().vocabulary(), *PLAIN_WORDS])
+    script = iter(actions)
+    policy = ScriptedPolicy(tok, lambda p: next(script))
+    res = sample_groups(
+        policy,
+        PlainRenderer(tok),
+        lambda: ShopEnv("multi"),
+        [Task.make("train", 0)],
+        group_size=1,
+        sampling=SamplingParams(),
+        max_turns=20,
+    )
+    ep = res.episodes[0]
+    assert ep.success and [s.action for s in ep.steps] == actions
+    first_buy = actions.index("buy")
+    goal_of = [tok.decode(s.prompt_ids).split("goal : ")[1] for s in ep.steps]
+    assert goal_of[0] == goal_of[first_buy] != goal_of[first_buy + 1]
+    assert env.goals[1].category in goal_of[first_buy + 1]

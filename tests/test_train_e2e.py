@@ -119,3 +119,14 @@ def test_an_existing_run_is_not_overwritten(tmp_path: Path) -> None:
     (tmp_path / "taken" / "metrics.jsonl").write_text("")
     with pytest.raises(FileExistsError, match="--resume"):
         train(load_config("grpo", _small(tmp_path, "taken", 1)), quiet=True)
+
+
+def test_kl_to_the_reference_as_loss_and_as_reward_penalty(tmp_path: Path) -> None:
+    cfg = load_config(
+        "grpo",
+        [*_small(tmp_path, "kl", 2), "objective.kl_coef=0.1", "objective.kl_reward_coef=0.1"],
+    )
+    res = train(cfg, quiet=True)
+    assert (res.run_dir / "reference" / "model.safetensors").exists()
+    assert all("loss/kl" in r for r in res.metrics)
+    assert res.metrics[0]["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # π = π_ref at first

@@ -192,6 +192,33 @@ def cmd_play(args: argparse.Namespace) -> int:
             return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from credo.train.compare import compare, summary_table_rows
+
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    seeds = list(range(args.seeds)) if args.seed_list is None else args.seed_list
+    extra = list(args.overrides or [])
+    if args.env:
+        extra.append(f"env.name={args.env}")
+    if args.iterations is not None:
+        extra.append(f"train.iterations={args.iterations}")
+    out = Path(args.out or f"runs/compare-{datetime.now():%Y%m%d-%H%M%S}")
+    console = _console()
+
+    def on_run(recipe: str, seed: int, k: int, total: int) -> None:
+        console.print(f"[{k + 1}/{total}] {recipe}, seed {seed}")
+
+    summaries = compare(
+        recipes, seeds, overrides=extra, out_dir=out, reference=args.reference, on_run=on_run
+    )
+    cols, rows = summary_table_rows(summaries)
+    console.print(_table(f"credo compare: {len(seeds)} seeds, same tasks and budget", cols, rows))
+    console.print(f"table: {out / 'compare.md'}   plot: {out / 'compare.png'}")
+    return 0
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
     from credo.envs.base import ENVS, env_names
 
@@ -279,6 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0, help="task index")
     pl.add_argument("--split", default="test", choices=["train", "test"])
     pl.set_defaults(func=cmd_play)
+
+    c = sub.add_parser("compare", help="train several recipes on the same tasks and budget")
+    c.add_argument("--recipes", required=True, help="comma-separated recipe names")
+    c.add_argument("--seeds", type=int, default=3, help="number of seeds 0..N-1 (default 3)")
+    c.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds instead")
+    c.add_argument("--env", help="env for every run")
+    c.add_argument("--iterations", type=int, help="RL iterations of every run")
+    c.add_argument("--reference", help="recipe defining the target success (default grpo)")
+    c.add_argument("--out", help="comparison folder (default runs/compare-<time>)")
+    c.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    c.set_defaults(func=cmd_compare)
 
     sub.add_parser("envs", help="list environments").set_defaults(func=cmd_envs)
     sub.add_parser("recipes", help="list recipes").set_defaults(func=cmd_recipes)

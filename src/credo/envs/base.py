@@ -11,10 +11,25 @@ class is needed)::
 
 Optional: ``instruction() -> str`` (the goal, kept at the top of every prompt; default:
 the first observation), ``oracle_action() -> str`` (a correct next action: warm-start
-demonstrations, SERO), ``progress() -> float`` in [0, 1], ``abstract_state_key() -> str``
-(a coarse progress stage, for ProAS), ``vocabulary() -> list[str]`` (every word the env
-can print or accept, for the built-in word-level tokenizer), ``is_tool_call(action) ->
-bool`` and ``action_format() -> str`` (rules shown to chat models).
+demonstrations, SERO oracle continuations), ``progress() -> float`` in [0, 1],
+``abstract_state_key() -> str`` (a coarse progress stage, for ProAS), ``vocabulary() ->
+list[str]`` (every word the env can print or accept, for the built-in word-level
+tokenizer), ``is_tool_call(action) -> bool`` and ``action_format() -> str`` (rules shown
+to chat models).
+
+``is_tool_call(action)`` marks the actions that call a tool (a search, an API, a code
+run) as opposed to answering or navigating; the AXPO resample sampler
+(:mod:`credo.rollout.resample`) re-samples an all-failed group's tool calls. An env
+without it has no tool calls (``shop``: ``search[...]`` is the tool call).
+
+Snapshots: the branching samplers (tree, resample, oracle continuations) restart an
+episode in the middle. They take :func:`snapshot_env` before every step and, to branch,
+``reset`` a fresh env on the same task, :func:`restore_env` the snapshot and replay the
+recorded action, checking that the env answers with the recorded observation and state
+key (:func:`check_replay`; a mismatch is a :class:`RestoreDivergence`). An env with
+``snapshot``/``restore`` is restored by them; an env without them (both are needed) is
+restored from a deep copy of its ``__dict__``, which works for any env whose state is
+plain Python data.
 
 Rules every env follows: a bad action never raises — it returns an "invalid action"
 observation with ``info["valid"] = False`` and still counts toward the turn limit; the
@@ -36,13 +51,18 @@ from credo.utils.registry import Registry
 __all__ = [
     "ENVS",
     "Env",
+    "RestoreDivergence",
     "StepResult",
     "Task",
+    "Transition",
+    "check_replay",
     "env_names",
     "make_env",
     "register_env",
     "resolve_env",
+    "restore_env",
     "snapshot_env",
+    "step_env",
 ]
 
 #: Seeds of held-out tasks start here; training tasks use seeds below it.
@@ -108,11 +128,128 @@ class Env(Protocol):
     def restore(self, snap: Any) -> None: ...
 
 
+@dataclass
+class Transition:
+    """One env step with what credo records around it (see :func:`step_env`).
+
+    Attributes:
+        state: ``state_key()`` before the action.
+        next_state: ``state_key()`` after it.
+        result: what ``step`` returned.
+        info: ``result.info`` plus ``abstract_state``/``abstract_next_state`` and
+            ``progress`` when the env provides ``abstract_state_key()``/``progress()``.
+    """
+
+    state: str
+    next_state: str
+    result: StepResult
+    info: dict[str, Any]
+
+
+def _optional(env: Any, name: str) -> Any:
+    fn = getattr(env, name, None)
+    return fn() if fn is not None else None
+
+
+def step_env(env: Any, action: str) -> Transition:
+    """Step ``env`` and record the state keys and optional progress signals."""
+    state = env.state_key()
+    abstract = _optional(env, "abstract_state_key")
+    result = env.step(action)
+    info = dict(result.info)
+    if abstract is not None:
+        info["abstract_state"] = abstract
+        info["abstract_next_state"] = _optional(env, "abstract_state_key")
+    progress = _optional(env, "progress")
+    if progress is not None:
+        info["progress"] = float(progress)
+    return Transition(state, env.state_key(), result, info)
+
+
+def _has_own_snapshot(env: Any) -> bool:
+    return callable(getattr(env, "snapshot", None)) and callable(getattr(env, "restore", None))
+
+
 def snapshot_env(env: Any) -> Any:
-    """``env.snapshot()`` if the env has it, else a deep copy of its ``__dict__``."""
-    if hasattr(env, "snapshot"):
+    """``env.snapshot()`` if the env has both ``snapshot`` and ``restore``, else a deep
+    copy of its ``__dict__`` (the fallback :func:`restore_env` undoes)."""
+    if _has_own_snapshot(env):
         return env.snapshot()
     return copy.deepcopy(env.__dict__)
+
+
+def restore_env(env: Any, snap: Any) -> None:
+    """Put ``env`` back into the state :func:`snapshot_env` recorded in ``snap``.
+
+    Uses ``env.restore(snap)`` when the env has its own ``snapshot``/``restore``;
+    otherwise replaces the env's ``__dict__`` with a deep copy of ``snap`` (so one
+    snapshot can be restored any number of times). ``env`` should be an instance of the
+    same class that was reset on the same task (an env's own snapshot may hold only the
+    part of its state that changes during an episode, as ``shop``'s does).
+    """
+    if _has_own_snapshot(env):
+        env.restore(snap)
+        return
+    if not isinstance(snap, dict):
+        raise TypeError(
+            f"restore_env: {type(env).__name__} has no snapshot()/restore(), so its snapshots "
+            f"are deep copies of its __dict__; got a {type(snap).__name__}"
+        )
+    env.__dict__.clear()
+    env.__dict__.update(copy.deepcopy(snap))
+
+
+class RestoreDivergence(RuntimeError):
+    """A restored env does not reproduce the recorded episode (see :func:`check_replay`)."""
+
+
+def check_replay(
+    env: Any,
+    *,
+    observation: str,
+    expected_observation: str,
+    expected_state: str | int,
+    where: str = "",
+) -> None:
+    """Raise :class:`RestoreDivergence` unless a restored-and-replayed env matches the
+    recording.
+
+    Args:
+        env: the env after the restore and the replayed step (or after ``reset``).
+        observation: the observation the replay returned.
+        expected_observation: the observation recorded at that point of the episode.
+        expected_state: the recorded ``state_key()`` there (string, or its int64 hash).
+        where: what was being restored (task and depth), for the message.
+    """
+    from credo.data.ops import hash_key
+
+    state = env.state_key()
+    same_state = (
+        hash_key(state) == expected_state
+        if isinstance(expected_state, int)
+        else state == expected_state
+    )
+    if observation == expected_observation and same_state:
+        return
+    what = []
+    if observation != expected_observation:
+        what.append(f"observation {observation!r} != recorded {expected_observation!r}")
+    if not same_state:
+        what.append(f"state_key {state!r} != recorded {expected_state!r}")
+    own = _has_own_snapshot(env)
+    hint = (
+        "its snapshot() must capture everything step() depends on, and step() must be "
+        "deterministic given that state"
+        if own
+        else "it has no snapshot()/restore(), so credo deep-copies its __dict__: state kept "
+        "outside the instance (globals, processes, files) is not restored; implement "
+        "snapshot()/restore()"
+    )
+    raise RestoreDivergence(
+        f"restoring {type(env).__name__}{' ' + where if where else ''} diverged from the "
+        f"recorded episode: {'; '.join(what)}. {hint}. Set rollout.on_restore_divergence=skip "
+        "to drop such branches (counted in rollout/restore_divergences) instead of stopping."
+    )
 
 
 EnvFactory = Callable[..., Any]

@@ -25,6 +25,11 @@ chosen by ``reward``: ``"success"`` (0/1), ``"partial"`` (the score) or ``"mixed
 (``(success + partial_weight·score)/(1 + partial_weight)``, the default: success-focused
 with a little partial credit, which a CPU-sized model learns from best).
 
+With several items (``n_items > 1``, the ``multi`` preset) the task is a shopping list:
+``instruction()`` is its next item (k = items in the cart + 1; it changes after each
+``buy``, and credo asks for it before every prompt) and every page starts with
+``item k of n ;``. Scoring matches cart items to goals in the best order.
+
 Distractors make the oracle need every skill: products with the goal's exact title but
 over budget (the budget must be read), products one attribute away (the query must be
 copied from the instruction), and in ``multi`` difficulty products with the right title and
@@ -154,14 +159,17 @@ class Goal:
     def text(self) -> str:
         return f"a {' '.join(self.words())} in size {self.size} for at most ${self.budget}"
 
-    def matches(self, p: Product) -> bool:
-        """``p`` can satisfy this goal (title, budget and size in stock)."""
+    def looks_right(self, p: Product) -> bool:
+        """What the results page can tell: title and budget fit (sizes are not shown)."""
         return (
             p.category == self.category
             and all(p.attr(k) == v for k, v in self.attrs)
             and p.price <= self.budget
-            and self.size in p.sizes
         )
+
+    def matches(self, p: Product) -> bool:
+        """``p`` can satisfy this goal (title, budget and size in stock)."""
+        return self.looks_right(p) and self.size in p.sizes
 
     def score(self, p: Product, size: str | None) -> float:
         """Fraction of requirements met by buying ``p`` in ``size``."""
@@ -179,6 +187,7 @@ class _State:
     item: int = -1
     size: str | None = None
     cart: tuple[tuple[int, str | None], ...] = ()
+    visited: tuple[int, ...] = ()  # items opened so far (the oracle's memory, not shown)
     turn: int = 0
     message: str = ""
 
@@ -373,12 +382,20 @@ class ShopEnv:
         return self.observation()
 
     def instruction(self) -> str:
+        """The goal: the next item of the shopping list (the only one with one item)."""
+        return f"buy {self._current_goal().text()}"
+
+    def shopping_list(self) -> str:
+        """Every item of the task, as a person would read the whole list."""
         return "buy " + " and ".join(g.text() for g in self.goals)
 
     def observation(self) -> str:
         s = self._s
         prefix = f"{s.message} " if s.message else ""
-        cart = f"cart {len(s.cart)} of {self.n_items} ; " if self.n_items > 1 else ""
+        cart = ""
+        if self.n_items > 1:  # the shopping-list panel: which item of the list is next
+            k = min(len(s.cart), self.n_items - 1)
+            cart = f"item {k + 1} of {self.n_items} ; "
         if s.page == "home":
             body = "home : search for products"
         elif s.page == "results":
@@ -455,6 +472,7 @@ class ShopEnv:
             if not arg.isdigit() or not 1 <= int(arg) <= len(s.results):
                 return self._invalid("no such result")
             s.item, s.size, s.page = s.results[int(arg) - 1], None, "item"
+            s.visited = (*s.visited, s.item)
         elif verb == "choose":
             if s.page != "item":
                 return self._invalid("choose only on an item")
@@ -531,22 +549,27 @@ class ShopEnv:
 
     # -------------------------------------------------------------- oracle
     def _current_goal(self) -> Goal:
-        """The first goal not yet satisfied by an item in the cart."""
-        bought = [self.catalog[pid] for pid, _ in self._s.cart]
-        for g in self.goals:
-            if not any(g.matches(p) for p in bought):
-                return g
-        return self.goals[-1]
+        """The next item of the shopping list (items are bought in list order)."""
+        return self.goals[min(len(self._s.cart), len(self.goals) - 1)]
 
     def oracle_action(self) -> str:
-        """A correct next action from the current state (solves every task)."""
+        """A correct next action from the current state (solves every task).
+
+        The oracle acts on what the pages show: on the results it opens the first item
+        whose title and price fit the goal and that it has not already found wanting;
+        on the item page it goes back if the size is not in stock. So with size
+        distractors (``multi``, ``hard``) its demonstrations include checking an item and
+        going back — behaviour a policy can learn, since sizes only show on item pages.
+        """
         s, g = self._s, self._current_goal()
         if s.page == "home":
             return f"search[{' '.join(g.words())}]"
         if s.page == "results":
             if s.query == tuple(g.words()):
                 for rank, pid in enumerate(s.results):
-                    if g.matches(self.catalog[pid]):
+                    p = self.catalog[pid]
+                    found_wanting = pid in s.visited and not g.matches(p)
+                    if g.looks_right(p) and not found_wanting:
                         return f"click[{rank + 1}]"
             return "back"
         if s.page == "item":

@@ -26,13 +26,21 @@ from credo.objectives.kl import (
 )
 from credo.objectives.ratios import RATIO_LEVELS, log_ratio
 from credo.objectives.registry import LOSSES, get_loss, loss_names, register_loss, validate_loss
+from credo.objectives.sero import (
+    WEIGHT_MODES,
+    action_logprobs,
+    reachability_log_weights,
+    sero_loss,
+)
 
 __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "LOSSES",
     "RATIO_LEVELS",
+    "WEIGHT_MODES",
     "LossInputs",
+    "action_logprobs",
     "aggregate",
     "aggregation_weights",
     "get_loss",
@@ -44,8 +52,10 @@ __all__ = [
     "kl_topk",
     "log_ratio",
     "loss_names",
+    "reachability_log_weights",
     "register_aggregation",
     "register_loss",
+    "sero_loss",
     "validate_aggregation",
     "validate_loss",
 ]

@@ -325,6 +325,7 @@ class HFPolicy:
         *,
         temperature: float = 1.0,
         entropy: bool = False,
+        entropy_grad: bool = False,
         extra_ids: torch.Tensor | None = None,
         scored: torch.Tensor | None = None,
     ) -> ScoreOutput:
@@ -335,6 +336,7 @@ class HFPolicy:
             attention_mask: ``[B, L]`` real tokens.
             temperature: logits are divided by it (as when sampling); 0 is treated as 1.
             entropy: also return the per-position entropy (no grad).
+            entropy_grad: the entropy keeps its graph (for an entropy bonus).
             extra_ids: ``[B, L, M]`` token ids whose log-probs to gather at each position.
             scored: ``[B, L]`` bool, the positions whose values the caller needs (e.g. the
                 response tokens), or ``None`` (default): all. With a vocabulary of at least
@@ -347,8 +349,10 @@ class HFPolicy:
         mask = attention_mask.to(self.device).bool()
         window = self._score_window(mask, scored)
         if window is None:
-            return self._score_all(input_ids, mask, temperature, entropy, extra_ids)
-        return self._score_last(input_ids, mask, window, temperature, entropy, extra_ids)
+            return self._score_all(input_ids, mask, temperature, entropy, entropy_grad, extra_ids)
+        return self._score_last(
+            input_ids, mask, window, temperature, entropy, entropy_grad, extra_ids
+        )
 
     def _score_window(self, mask: torch.Tensor, scored: torch.Tensor | None) -> int | None:
         """K, the number of final tokens per row holding every scored position, or
@@ -369,6 +373,7 @@ class HFPolicy:
         mask: torch.Tensor,
         temperature: float,
         entropy: bool,
+        entropy_grad: bool,
         extra_ids: torch.Tensor | None,
     ) -> ScoreOutput:
         with self._adapters():
@@ -382,8 +387,8 @@ class HFPolicy:
         lp[:, 1:] = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         lp = lp * mask.to(lp.dtype)
         ent = None
-        if entropy:
-            with torch.no_grad():
+        if entropy or entropy_grad:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent = torch.zeros((b, length), dtype=torch.float32, device=self.device)
                 ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1)
         extra = None
@@ -400,6 +405,7 @@ class HFPolicy:
         k: int,
         temperature: float,
         entropy: bool,
+        entropy_grad: bool,
         extra_ids: torch.Tensor | None,
     ) -> ScoreOutput:
         """Score the last ``k`` real tokens of every row: right-align the rows (left
@@ -407,7 +413,7 @@ class HFPolicy:
         for the last ``k + 1`` positions' logits only, and put the values back in place."""
         b, length = input_ids.shape
         lp = torch.zeros((b, length), dtype=torch.float32, device=self.device)
-        ent = torch.zeros_like(lp) if entropy else None
+        ent = torch.zeros_like(lp) if entropy or entropy_grad else None
         m = extra_ids.shape[-1] if extra_ids is not None else 0
         extra = (
             torch.zeros((b, length, m), dtype=torch.float32, device=self.device)
@@ -438,7 +444,7 @@ class HFPolicy:
         values = logp.gather(-1, ids[:, length - k :, None]).squeeze(-1)
         lp = lp.scatter(1, index, torch.where(ok, values, torch.zeros_like(values)))
         if ent is not None:
-            with torch.no_grad():
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 h = -(logp.exp() * logp).sum(-1)
                 ent = ent.scatter(1, index, torch.where(ok, h, torch.zeros_like(h)))
         if extra is not None and extra_ids is not None:

@@ -5,6 +5,22 @@ batched ``generate`` call; each response is turned into an action and stepped in
 An env that raises fails its episode (the error is kept in ``Episode.error``) and the
 others go on. The result is a :class:`~credo.data.RolloutForest` (one chain per episode,
 ``group`` = the task's index in the batch) plus the :class:`~credo.data.Episode` list.
+
+The pieces are shared with the branching samplers (:mod:`credo.rollout.tree`,
+:mod:`credo.rollout.resample`, :mod:`credo.rollout.oracle`):
+
+- :class:`EpisodeRunner` is one live episode. It may start in the middle of another
+  episode (a branch: its ``episode.steps`` then begin with the shared prefix steps and
+  its ``history`` with the prefix turns), may keep an env snapshot before every step
+  (``snapshots``) so that later branches can restart there, and may be given the first
+  tokens of its next response (``forced``: AXPO keeps a step's thinking and re-samples
+  only the rest).
+- :func:`run_episodes` advances any set of runners together, one ``generate`` call per
+  turn; each runner stops at the turn cap counted from the episode's start.
+- :class:`Trajectory` records where a runner's episode came from (a root, or a branch of
+  an earlier trajectory after ``prefix`` shared steps), and
+  :func:`trajectories_to_forest` turns a list of them into one forest in which a branch
+  re-uses its prefix's rows (parent pointers) instead of copying them.
 """
 
 from __future__ import annotations
@@ -18,11 +34,42 @@ from typing import Any
 import torch
 
 from credo.data import Episode, ForestBuilder, RolloutForest, Step
-from credo.envs.base import Task
+from credo.envs.base import Task, snapshot_env, step_env
 from credo.policy.base import Policy, SamplingParams
 from credo.rollout.render import Renderer, Turn
 
-__all__ = ["EpisodeRunner", "RolloutResult", "run_episodes", "sample_groups"]
+__all__ = [
+    "EpisodeRunner",
+    "ForcedPrefix",
+    "RolloutResult",
+    "Trajectory",
+    "episodes_to_forest",
+    "run_episodes",
+    "sample_groups",
+    "start_runners",
+    "take_step",
+    "trajectories_to_forest",
+]
+
+
+@dataclass
+class Trajectory:
+    """One root-to-leaf path as a sampler produced it.
+
+    Attributes:
+        episode: the whole path, root first (a branch's first ``prefix`` steps are the
+            *same* :class:`Step` objects as its source's).
+        source: index (in the sampler's trajectory list) of the trajectory this one
+            branched from, −1 for a root. A source always comes before its branches.
+        prefix: number of leading steps shared with ``source`` (0 for a root; a branch
+            with ``prefix = k`` re-sampled the action at depth ``k``).
+        runner: the runner that produced it (holds the env snapshots), if kept.
+    """
+
+    episode: Episode
+    source: int = -1
+    prefix: int = 0
+    runner: EpisodeRunner | None = None
 
 
 @dataclass
@@ -30,12 +77,18 @@ class RolloutResult:
     """A sampler's output.
 
     Attributes:
-        forest: the rows (steps) of every episode.
-        episodes: one :class:`Episode` per root-to-leaf path (including episodes that
-            failed at ``reset`` and therefore have no rows).
-        env_steps: number of env steps taken.
+        forest: the rows (steps) of every episode; branches share their prefix rows.
+        episodes: one :class:`Episode` per root-to-leaf path of the policy's episodes
+            (including episodes that failed at ``reset`` and therefore have no rows);
+            oracle continuations are not episodes of the policy and are not listed.
+        env_steps: number of env steps taken (recorded rows; replays that verify a
+            restore are counted in ``stats["rollout/restore_steps"]`` instead).
         generated_tokens: number of response tokens sampled.
         seconds: wall time.
+        stats: sampler-specific numbers for the metrics log (``rollout/...``), e.g. the
+            number of branches or of restore divergences.
+        trajectories: the paths with their provenance (see :class:`Trajectory`), in
+            forest order; add-ons such as oracle continuations branch from them.
     """
 
     forest: RolloutForest
@@ -43,6 +96,8 @@ class RolloutResult:
     env_steps: int
     generated_tokens: int
     seconds: float
+    stats: dict[str, float] = field(default_factory=dict)
+    trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     @property
     def success_rate(self) -> float:
@@ -54,8 +109,42 @@ class RolloutResult:
 
 
 @dataclass
+class ForcedPrefix:
+    """The first tokens of a runner's next response, kept rather than sampled.
+
+    Attributes:
+        ids: the token ids.
+        logprobs: the log-probs they were originally sampled with (same length).
+        token_data: per-token tensors of the original step, cut to these tokens.
+    """
+
+    ids: list[int]
+    logprobs: list[float]
+    token_data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class EpisodeRunner:
-    """One live episode: its env, its history and the steps recorded so far."""
+    """One live episode: its env, its history and the steps recorded so far.
+
+    Attributes:
+        env: the env, at the state where the next action is taken.
+        task: the task.
+        group: the group id of the episode's rows.
+        episode: the steps so far (for a branch: the shared prefix steps first).
+        instruction: the goal shown in the next prompt (``env.instruction()``, asked again
+            after every step; the first observation for envs without it).
+        observation: the current observation.
+        history: past turns (for a branch: the prefix turns first).
+        done: the episode is over.
+        snapshots: ``None`` (default) or a list that receives ``snapshot_env(env)``
+            before every step, so that ``snapshots[t]`` is the state in which the action
+            at depth ``t`` was taken (a branch starts with its source's snapshots of the
+            prefix).
+        source: ``Step.source`` of the steps this runner records (``"policy"``,
+            ``"resample"`` or ``"oracle"``).
+        forced: the first tokens of the next response (used once), or ``None``.
+    """
 
     env: Any
     task: Task
@@ -65,15 +154,23 @@ class EpisodeRunner:
     observation: str = ""
     history: list[Turn] = field(default_factory=list)
     done: bool = False
+    snapshots: list[Any] | None = None
+    source: str = "policy"
+    forced: ForcedPrefix | None = None
 
     def start(self, seed: int) -> None:
         try:
             self.observation = self.env.reset(self.task, seed)
-            self.instruction = (
-                self.env.instruction() if hasattr(self.env, "instruction") else self.observation
-            )
+            self.instruction = self.observation
+            self.refresh_instruction()
         except Exception as exc:  # a user env that raises fails its episode, not the run
             self.fail("reset", exc)
+
+    def refresh_instruction(self) -> None:
+        """Ask the env for its goal again (it may change, e.g. a shopping list's next
+        item); envs without ``instruction()`` keep their first observation as the goal."""
+        if hasattr(self.env, "instruction"):
+            self.instruction = self.env.instruction()
 
     def fail(self, where: str, exc: BaseException) -> None:
         self.episode.error = f"{where}: {type(exc).__name__}: {exc}"
@@ -82,9 +179,92 @@ class EpisodeRunner:
         self._trace = traceback.format_exc(limit=3)
 
 
-def _env_call(env: Any, name: str, default: Any = None) -> Any:
-    fn = getattr(env, name, None)
-    return fn() if fn is not None else default
+def start_runners(
+    make_env: Callable[[], Any],
+    tasks: Sequence[Task],
+    per_task: int,
+    *,
+    env_seed: int = 0,
+    keep_snapshots: bool = False,
+    groups: Sequence[int] | None = None,
+) -> list[EpisodeRunner]:
+    """``per_task`` fresh runners for each task (task-major order), reset and ready.
+
+    Args:
+        make_env: creates a fresh env.
+        tasks: the tasks; task ``i`` becomes group ``groups[i]`` (default ``i``).
+        per_task: runners per task.
+        env_seed: seed passed to ``env.reset``.
+        keep_snapshots: record an env snapshot before every step (for branching).
+        groups: group id of each task (default: its index).
+    """
+    runners = []
+    for i, task in enumerate(tasks):
+        g = i if groups is None else int(groups[i])
+        for _ in range(per_task):
+            r = EpisodeRunner(
+                make_env(),
+                task,
+                g,
+                Episode(group=g, steps=[], task_id=task.id),
+                snapshots=[] if keep_snapshots else None,
+            )
+            r.start(env_seed)
+            runners.append(r)
+    return runners
+
+
+def take_step(
+    r: EpisodeRunner,
+    action: str,
+    *,
+    prompt_ids: list[int],
+    response_ids: list[int],
+    logprobs: list[float],
+    token_data: dict[str, Any] | None = None,
+    invalid_penalty: float = 0.0,
+) -> bool:
+    """Step ``r``'s env with ``action`` and record the step; False if the env raised.
+
+    Records a :class:`Step` with the given token data and ``r.source``; ``info`` keeps the
+    env's info plus ``abstract_state``/``abstract_next_state``/``progress`` when the env
+    provides them. Takes the snapshot first when ``r.snapshots`` is a list. An env that
+    raises fails the episode (its last recorded step becomes terminal).
+    """
+    try:
+        if r.snapshots is not None:
+            r.snapshots.append(snapshot_env(r.env))
+        tr = step_env(r.env, action)
+    except Exception as exc:
+        r.fail("step", exc)
+        if r.episode.steps:
+            r.episode.steps[-1].terminal = True
+        return False
+    result, info = tr.result, tr.info
+    valid = bool(info.get("valid", True))
+    step = Step(
+        observation=r.observation,
+        action=action,
+        reward=float(result.reward) - (0.0 if valid else invalid_penalty),
+        terminal=bool(result.done),
+        valid=valid,
+        state=tr.state,
+        next_state=tr.next_state,
+        source=r.source,
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        logprobs=logprobs,
+        info=info,
+        token_data=token_data or {},
+    )
+    r.episode.steps.append(step)
+    r.history.append(Turn(r.observation, action))
+    r.observation = result.observation
+    r.refresh_instruction()
+    if result.done:
+        r.done = True
+        r.episode.success = bool(result.info.get("success", False))
+    return True
 
 
 def run_episodes(
@@ -99,78 +279,96 @@ def run_episodes(
 ) -> tuple[int, int]:
     """Advance every runner to the end of its episode, one batched generation per turn.
 
-    Returns ``(env_steps, generated_tokens)``. Steps are appended to each runner's
-    ``episode.steps`` with token data; ``info`` keeps the env's info plus
-    ``abstract_state``/``abstract_next_state``/``progress`` when the env provides them.
+    ``max_turns`` caps each episode's length counted from its root (a branch that starts
+    at depth k has ``max_turns − k`` turns left). A runner with a ``forced`` prefix gets
+    it appended to its prompt for that turn; its recorded response is the prefix plus
+    the sampled tokens (with the prefix's original log-probs). Returns ``(env_steps,
+    generated_tokens)``; steps are appended to each runner's ``episode.steps`` (see
+    :func:`take_step`).
     """
     env_steps = gen_tokens = 0
-    for _ in range(max_turns):
+    while True:
+        for r in runners:
+            if not r.done and len(r.episode.steps) >= max_turns:
+                r.done = True  # the sampler's own turn cap ends what the env did not
         live = [r for r in runners if not r.done]
         if not live:
             break
         prompts = [renderer.prompt_ids(r.instruction, r.history, r.observation) for r in live]
-        gens = policy.generate(prompts, sampling, generator)
+        inputs = [p + r.forced.ids if r.forced else p for r, p in zip(live, prompts)]
+        gens = policy.generate(inputs, sampling, generator)
         for r, prompt, gen in zip(live, prompts, gens):
             gen_tokens += len(gen.token_ids)
-            action = renderer.extract_action(gen.text, r.env)
-            try:
-                state = r.env.state_key()
-                abstract = _env_call(r.env, "abstract_state_key")
-                result = r.env.step(action)
-                next_state = r.env.state_key()
-                abstract_next = _env_call(r.env, "abstract_state_key")
-                progress = _env_call(r.env, "progress")
-            except Exception as exc:
-                r.fail("step", exc)
-                if r.episode.steps:
-                    r.episode.steps[-1].terminal = True
-                continue
-            env_steps += 1
-            valid = bool(result.info.get("valid", True))
-            info = dict(result.info)
-            if abstract is not None:
-                info["abstract_state"], info["abstract_next_state"] = abstract, abstract_next
-            if progress is not None:
-                info["progress"] = float(progress)
-            step = Step(
-                observation=r.observation,
-                action=action,
-                reward=float(result.reward) - (0.0 if valid else invalid_penalty),
-                terminal=bool(result.done),
-                valid=valid,
-                state=state,
-                next_state=next_state,
-                prompt_ids=prompt,
-                response_ids=gen.token_ids,
-                logprobs=gen.logprobs.tolist(),
-                info=info,
-                token_data=(
-                    {"aux_ids": gen.aux_ids, "aux_old_logprobs": gen.aux_logprobs}
-                    if gen.aux_ids is not None
-                    else {}
-                ),
+            response, logprobs, text = list(gen.token_ids), gen.logprobs.tolist(), gen.text
+            token_data = (
+                {"aux_ids": gen.aux_ids, "aux_old_logprobs": gen.aux_logprobs}
+                if gen.aux_ids is not None
+                else {}
             )
-            r.episode.steps.append(step)
-            r.history.append(Turn(r.observation, action))
-            r.observation = result.observation
-            if result.done:
-                r.done = True
-                r.episode.success = bool(result.info.get("success", False))
-    for r in runners:  # the sampler's own turn cap ends what the env did not
-        r.done = True
+            if r.forced is not None:
+                f, r.forced = r.forced, None
+                body = response[:-1] if gen.finished else response
+                text = policy.tokenizer.decode(f.ids + body, skip_special_tokens=True).strip()
+                response, logprobs = f.ids + response, f.logprobs + logprobs
+                token_data = {
+                    k: torch.cat([torch.as_tensor(f.token_data[k]), torch.as_tensor(v)])
+                    for k, v in token_data.items()
+                    if k in f.token_data
+                }
+            action = renderer.extract_action(text, r.env)
+            if take_step(
+                r,
+                action,
+                prompt_ids=prompt,
+                response_ids=response,
+                logprobs=logprobs,
+                token_data=token_data,
+                invalid_penalty=invalid_penalty,
+            ):
+                env_steps += 1
     return env_steps, gen_tokens
 
 
-def episodes_to_forest(episodes: Sequence[Episode]) -> RolloutForest:
-    """Chains of the episodes' steps, with the optional per-step extras as columns."""
+def trajectories_to_forest(
+    trajectories: Sequence[Trajectory],
+) -> tuple[RolloutForest, torch.Tensor]:
+    """One forest from trajectories; a branch re-uses its source's first ``prefix`` rows.
+
+    Rows are added in trajectory order, each trajectory's new steps (those after its
+    prefix) as a chain under the last shared row (−1 for a root); the leaf gets the
+    episode's success. A trajectory without new steps (its env failed at once) adds no
+    row. Per-step ``abstract_state``/``abstract_next_state`` (hashed) and ``progress``
+    become extra columns when any step has them.
+
+    Returns:
+        ``(forest, owner [N])``: ``owner[i]`` is the index of the trajectory that created
+        row ``i`` (the one to restore from to branch at that row).
+    """
     from credo.data.ops import hash_key
 
     builder = ForestBuilder()
-    want_abstract = any("abstract_state" in s.info for e in episodes for s in e.steps)
-    want_progress = any("progress" in s.info for e in episodes for s in e.steps)
-    for e in episodes:
-        parent = -1
-        for s in e.steps:
+    steps = [s for tr in trajectories for s in tr.episode.steps[tr.prefix :]]
+    want_abstract = any("abstract_state" in s.info for s in steps)
+    want_progress = any("progress" in s.info for s in steps)
+    rows_of: list[list[int]] = []
+    owner: list[int] = []
+    for k, tr in enumerate(trajectories):
+        e = tr.episode
+        if tr.source >= 0:
+            if tr.source >= k:
+                raise ValueError(f"trajectory {k} branches from a later one ({tr.source})")
+            if tr.prefix > len(rows_of[tr.source]):
+                raise ValueError(
+                    f"trajectory {k} shares {tr.prefix} steps with trajectory {tr.source}, "
+                    f"which has only {len(rows_of[tr.source])} rows"
+                )
+            rows = rows_of[tr.source][: tr.prefix]
+        elif tr.prefix:
+            raise ValueError(f"trajectory {k} is a root (source −1) with prefix {tr.prefix}")
+        else:
+            rows = []
+        parent = rows[-1] if rows else -1
+        for s in e.steps[tr.prefix :]:
             extras: dict[str, float | int] = {}
             if want_abstract:
                 extras["abstract_state"] = hash_key(str(s.info.get("abstract_state", "")))
@@ -178,9 +376,17 @@ def episodes_to_forest(episodes: Sequence[Episode]) -> RolloutForest:
             if want_progress:
                 extras["progress"] = float(s.info.get("progress", 0.0))
             parent = builder.add(e.group, parent, s, **extras)
-        if parent >= 0:
+            rows.append(parent)
+            owner.append(k)
+        if len(e.steps) > tr.prefix:
             builder.mark_success(parent, e.success)
-    return builder.build()
+        rows_of.append(rows)
+    return builder.build(), torch.tensor(owner, dtype=torch.long)
+
+
+def episodes_to_forest(episodes: Sequence[Episode]) -> RolloutForest:
+    """Chains of the episodes' steps, with the optional per-step extras as columns."""
+    return trajectories_to_forest([Trajectory(e) for e in episodes])[0]
 
 
 def sample_groups(
@@ -195,6 +401,7 @@ def sample_groups(
     generator: torch.Generator | None = None,
     env_seed: int = 0,
     invalid_penalty: float = 0.0,
+    keep_snapshots: bool = False,
 ) -> RolloutResult:
     """Run ``group_size`` episodes of each task (same task, same env seed) together.
 
@@ -209,14 +416,13 @@ def sample_groups(
         generator: torch RNG for sampling (deterministic runs).
         env_seed: seed passed to ``env.reset``.
         invalid_penalty: subtracted from the reward of an invalid action (GiGPO's −c).
+        keep_snapshots: keep an env snapshot before every step in the result's
+            trajectories (default False), so that add-ons can branch from any step.
     """
     start = time.perf_counter()
-    runners = []
-    for gi, task in enumerate(tasks):
-        for _ in range(group_size):
-            r = EpisodeRunner(make_env(), task, gi, Episode(group=gi, steps=[], task_id=task.id))
-            r.start(env_seed)
-            runners.append(r)
+    runners = start_runners(
+        make_env, tasks, group_size, env_seed=env_seed, keep_snapshots=keep_snapshots
+    )
     env_steps, gen_tokens = run_episodes(
         runners,
         policy,
@@ -226,11 +432,12 @@ def sample_groups(
         generator=generator,
         invalid_penalty=invalid_penalty,
     )
-    episodes = [r.episode for r in runners]
+    trajectories = [Trajectory(r.episode, runner=r) for r in runners]
     return RolloutResult(
-        forest=episodes_to_forest(episodes),
-        episodes=episodes,
+        forest=trajectories_to_forest(trajectories)[0],
+        episodes=[r.episode for r in runners],
         env_steps=env_steps,
         generated_tokens=gen_tokens,
         seconds=time.perf_counter() - start,
+        trajectories=trajectories,
     )

@@ -99,10 +99,17 @@ class RolloutConfig:
     """How episodes are sampled each iteration.
 
     Attributes:
-        sampler: ``group`` (G episodes per task, default) or ``single`` (one episode per
-            task: ``group_size`` is ignored; KLPO).
+        sampler: ``group`` (G episodes per task, default), ``single`` (one episode per
+            task: ``group_size`` is ignored; KLPO), ``tree`` (TSBPO: one tree of
+            ``group_size`` leaves per task, roots plus branches restarted from env
+            snapshots; :mod:`credo.rollout.tree`) or ``resample`` (AXPO: groups of
+            ``group_size``, plus re-sampled tool calls in all-failed groups;
+            :mod:`credo.rollout.resample`).
+        sampler_params: the sampler's knobs (``tree``: :class:`credo.rollout.TreeParams`,
+            e.g. ``{allocator: uniform}``; ``resample``: :class:`credo.rollout.
+            ResampleParams`, e.g. ``{budget: 0.25}``); unknown keys fail at load time.
         tasks_per_iter: distinct training tasks per iteration (default 16).
-        group_size: G, episodes per task (default 8).
+        group_size: G, episodes per task (default 8); the tree sampler's budget B.
         temperature: sampling temperature (default 1.0; evaluation uses the same).
         top_p: nucleus mass (default 1.0).
         max_new_tokens: response cap per turn; ``None`` (default) = 16 for the built-in
@@ -124,9 +131,22 @@ class RolloutConfig:
             (default 100000; tasks are drawn from it each iteration).
         aux_samples: M auxiliary tokens drawn from the sampler at every generated
             position (KLPO; default 0 = none).
+        oracle_horizon: K, oracle steps per SERO oracle continuation, an add-on on top
+            of any sampler (:mod:`credo.rollout.oracle`; default 0 = off). The env needs
+            ``oracle_action()``. The continuations feed ``objective.oracle_coef``'s loss
+            and never the policy-gradient loss.
+        oracle_per_group: start states per group for oracle continuations (default 2).
+        oracle_start: where they start: ``all`` (any state the policy reached,
+            default) or ``failed`` (states on failed episodes only).
+        on_restore_divergence: what the branching samplers (tree, resample, oracle)
+            do when a restored env does not reproduce the recorded observation: ``error``
+            (default: stop with a message that says how to fix the env) or ``skip``
+            (drop that branch, count it in ``rollout/restore_divergences``, log a
+            warning).
     """
 
     sampler: str = "group"
+    sampler_params: dict[str, Any] = field(default_factory=dict)
     tasks_per_iter: int = 16
     group_size: int = 8
     temperature: float = 1.0
@@ -140,6 +160,10 @@ class RolloutConfig:
     invalid_penalty: float = 0.0
     train_tasks: int = 100_000
     aux_samples: int = 0
+    oracle_horizon: int = 0
+    oracle_per_group: int = 2
+    oracle_start: str = "all"
+    on_restore_divergence: str = "error"
 
 
 @dataclass
@@ -150,12 +174,21 @@ class CreditConfig:
         estimator: registry name (``grpo`` default; ``credo recipes`` shows what each
             recipe uses). Unknown names fail with the list of valid ones.
         params: keyword arguments of the estimator function.
-        state: keyword arguments for a stateful estimator's state object (ProAS).
+        state: keyword arguments for a stateful estimator's state object (ProAS's
+            ``ProgressGraph``: ``decay``, ``prune_frac``, ...).
+        seed_graph: how a stateful estimator's graph starts: ``empty`` (default),
+            ``demonstrations`` (the env's clean oracle episodes) or ``teacher`` (the
+            successful episodes of the policy in ``teacher``).
+        seed_episodes: episodes used to seed it (default 200).
+        teacher: a policy folder (e.g. a run's ``final_policy``) for ``seed_graph: teacher``.
     """
 
     estimator: str = "grpo"
     params: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    seed_graph: str = "empty"
+    seed_episodes: int = 200
+    teacher: str | None = None
 
 
 @dataclass
@@ -170,7 +203,22 @@ class ObjectiveConfig:
         kl_coef: weight of a KL(π ‖ π_ref) loss term to the frozen warm-start policy
             (default 0: no reference model is kept).
         kl_estimator: ``k1``, ``k2`` or ``k3`` (default).
+        kl_reward_coef: β of a KL *reward penalty*: each step's reward loses
+            β·Σ_tokens k(π_old, π_ref) before credit assignment (default 0: none). Uses
+            the same reference and estimator as ``kl_coef``; both can be on.
         entropy_coef: weight of an entropy bonus (default 0).
+        oracle_coef: λ_O, weight of SERO's oracle-continuation loss L_O
+            (:mod:`credo.objectives.sero`; default 0: none, the base method exactly).
+            Needs ``rollout.oracle_horizon`` ≥ 1.
+        oracle_weight: the policy-reachability weight of an oracle step: ``product``
+            (default: product of the frozen policy's probabilities of the oracle actions
+            before it), ``geomean`` (of their per-token geometric means) or ``none``.
+        oracle_weight_min: lower clip of that weight, in [0, 1] (default 0: none).
+        oracle_weight_inclusive: also count the step's own action in its weight
+            (default false).
+        oracle_frozen: the frozen policy of the weights: ``iteration`` (default: the
+            policy as it was when the iteration's rollouts were sampled) or
+            ``reference`` (the warm-start policy, kept as for ``kl_coef``).
     """
 
     loss: str = "ppo"
@@ -179,7 +227,13 @@ class ObjectiveConfig:
     aggregation_params: dict[str, Any] = field(default_factory=dict)
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_reward_coef: float = 0.0
     entropy_coef: float = 0.0
+    oracle_coef: float = 0.0
+    oracle_weight: str = "product"
+    oracle_weight_min: float = 0.0
+    oracle_weight_inclusive: bool = False
+    oracle_frozen: str = "iteration"
 
 
 @dataclass
@@ -412,6 +466,22 @@ def validate(cfg: Config) -> None:
             check(name, params)
         except ValueError as e:
             raise ConfigError(f"{kind}.params: {e}") from None
+    if cfg.credit.seed_graph not in ("empty", "demonstrations", "teacher"):
+        raise ConfigError(
+            f"credit.seed_graph must be empty, demonstrations or teacher, got "
+            f"{cfg.credit.seed_graph!r}"
+        )
+    from credo.credit import estimator_state_factory
+
+    if estimator_state_factory(cfg.credit.estimator) is None and (
+        cfg.credit.state or cfg.credit.seed_graph != "empty"
+    ):
+        raise ConfigError(
+            f"estimator {cfg.credit.estimator!r} keeps no state: credit.state and "
+            "credit.seed_graph apply to stateful estimators (proas) only"
+        )
+    if cfg.credit.seed_graph == "teacher" and not cfg.credit.teacher:
+        raise ConfigError("credit.seed_graph=teacher needs credit.teacher=PATH (a policy folder)")
     if cfg.objective.aggregation not in AGGREGATIONS:
         raise ConfigError(
             unknown_name_message("aggregation", cfg.objective.aggregation, AGGREGATIONS.names())
@@ -421,10 +491,36 @@ def validate(cfg: Config) -> None:
             f"unknown objective.kl_estimator {cfg.objective.kl_estimator!r}; "
             f"valid: {', '.join(KL_ESTIMATORS)}"
         )
-    from credo.rollout import SAMPLERS
+    from credo.objectives import WEIGHT_MODES
+    from credo.rollout import DIVERGENCE_POLICIES, ORACLE_STARTS, SAMPLERS, sampler_params
 
-    if cfg.rollout.sampler not in SAMPLERS:
-        raise ConfigError(unknown_name_message("sampler", cfg.rollout.sampler, SAMPLERS))
+    r, obj = cfg.rollout, cfg.objective
+    if r.sampler not in SAMPLERS:
+        raise ConfigError(unknown_name_message("sampler", r.sampler, SAMPLERS))
+    try:
+        sampler_params(r.sampler, r.sampler_params)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"rollout.sampler_params: {e}") from None
+    choices = {
+        "rollout.oracle_start": (r.oracle_start, ORACLE_STARTS),
+        "rollout.on_restore_divergence": (r.on_restore_divergence, DIVERGENCE_POLICIES),
+        "objective.oracle_weight": (obj.oracle_weight, WEIGHT_MODES),
+        "objective.oracle_frozen": (obj.oracle_frozen, ("iteration", "reference")),
+    }
+    for key, (value, valid) in choices.items():
+        if value not in valid:
+            raise ConfigError(f"{key} must be one of {', '.join(valid)}, got {value!r}")
+    if obj.oracle_coef > 0 and r.oracle_horizon < 1:
+        raise ConfigError(
+            f"objective.oracle_coef = {obj.oracle_coef} needs oracle continuations: set "
+            "rollout.oracle_horizon ≥ 1 (the oracle steps per continuation)"
+        )
+    if not 0 <= obj.oracle_weight_min <= 1:
+        raise ConfigError(
+            f"objective.oracle_weight_min must be in [0, 1], got {obj.oracle_weight_min}"
+        )
+    if r.oracle_per_group < 1:
+        raise ConfigError(f"rollout.oracle_per_group must be ≥ 1, got {r.oracle_per_group}")
     positive = {
         "rollout.tasks_per_iter": cfg.rollout.tasks_per_iter,
         "rollout.group_size": cfg.rollout.group_size,
@@ -446,6 +542,9 @@ def validate(cfg: Config) -> None:
         "optim.lr": cfg.optim.lr,
         "rollout.temperature": cfg.rollout.temperature,
         "objective.kl_coef": cfg.objective.kl_coef,
+        "objective.kl_reward_coef": cfg.objective.kl_reward_coef,
+        "objective.oracle_coef": cfg.objective.oracle_coef,
+        "rollout.oracle_horizon": cfg.rollout.oracle_horizon,
         "sft.steps": cfg.sft.steps,
         "sft.noisy_steps": cfg.sft.noisy_steps,
         "rollout.history_turns": cfg.rollout.history_turns,

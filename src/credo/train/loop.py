@@ -14,6 +14,7 @@ run's metrics exactly.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,11 +31,12 @@ from credo.envs.base import Task
 from credo.eval.evaluate import EvalResult, evaluate
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import shared_reference, trainable_parameters
+from credo.rollout import oracle_batch, split_oracle
 from credo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from credo.train.config import Config
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
 from credo.train.progress import Progress, StopOnInterrupt
-from credo.train.sampling import sample_rollouts
+from credo.train.sampling import make_sampler_state, sample_rollouts
 from credo.train.setup import (
     add_adapters,
     build_env_factory,
@@ -44,9 +46,10 @@ from credo.train.setup import (
     default_max_turns,
     make_run_renderer,
     sampling_params,
+    seed_estimator_state,
     warm_start,
 )
-from credo.train.update import UpdateContext, policy_update
+from credo.train.update import UpdateContext, kl_reward_penalty_rows, policy_update
 
 __all__ = ["TrainResult", "train"]
 
@@ -132,6 +135,18 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     renderer = make_run_renderer(cfg, policy, builtin, probe_env, make_env)
     sampling = sampling_params(cfg, builtin=builtin)
 
+    def held_out(policy: HFPolicy, episodes: int) -> EvalResult:
+        """Success on the first ``episodes`` held-out tasks, sampled as in training."""
+        return evaluate(
+            policy,
+            renderer,
+            make_env,
+            episodes=episodes,
+            sampling=sampling,
+            max_turns=max_turns,
+            seed=cfg.eval.seed,
+        )
+
     # --- warm start and its held-out success (both cached by config hash) --------
     ckpt = latest_checkpoint(run_dir) if resume else None
     lora = cfg.model.lora is not None
@@ -177,34 +192,32 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
             warm_eval = EvalResult(**warm_meta["eval"])
     if ckpt is None and warm_eval is None:
         with progress.phase(f"held-out eval of the warm start ({cfg.eval.episodes} episodes)"):
-            warm_eval = evaluate(
-                policy,
-                renderer,
-                make_env,
-                episodes=cfg.eval.episodes,
-                sampling=sampling,
-                max_turns=max_turns,
-                seed=cfg.eval.seed,
-            )
+            warm_eval = held_out(policy, cfg.eval.episodes)
         if eval_cache is not None:
             eval_cache.write_text(json.dumps(warm_eval.to_dict()))
     if ckpt is None:
         warm_meta["eval"] = warm_eval.to_dict() if warm_eval else None
         warm_info_path.write_text(json.dumps(warm_meta, indent=1))
 
-    # --- adapters, optimiser, reference, estimator state; or from a checkpoint ------
+    # --- adapters, optimiser, reference, estimator and sampler state; or from a checkpoint
     # With LoRA, RL trains fresh adapters on the warm-start weights, and the reference is
     # the same model with the adapters off; otherwise the reference is a frozen copy.
     policy = add_adapters(cfg, policy)
     ref_policy: HFPolicy | None = None
-    if cfg.objective.kl_coef > 0 and lora:
+    needs_reference = (
+        cfg.objective.kl_coef > 0
+        or cfg.objective.kl_reward_coef > 0
+        or (cfg.rollout.oracle_horizon > 0 and cfg.objective.oracle_frozen == "reference")
+    )
+    if needs_reference and lora:
         ref_policy = shared_reference(policy)
-    elif cfg.objective.kl_coef > 0:
+    elif needs_reference:
         ref_policy = HFPolicy(copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device)
         for p in ref_policy.model.parameters():
             p.requires_grad_(False)
     state_cls = estimator_state_factory(cfg.credit.estimator)
     est_state = state_cls(**cfg.credit.state) if state_cls is not None else None
+    sampler_state = make_sampler_state(cfg)
     start_iter, env_steps_total = 0, 0
     if ckpt is not None:
         policy.load_weights(ckpt / "policy")
@@ -221,10 +234,12 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
         start_iter, env_steps_total = saved["iteration"], saved["env_steps_total"]
         if est_state is not None and saved.get("estimator_state") is not None:
             est_state.load_state_dict(saved["estimator_state"])
+        if sampler_state is not None and saved.get("sampler_state") is not None:
+            sampler_state.load_state_dict(saved["sampler_state"])
     elif ref_policy is not None and not lora:
         ref_policy.save(run_dir / "reference")
-    if est_state is not None and ckpt is None and hasattr(est_state, "seed_from"):
-        est_state.seed_from(cfg, make_env, renderer)
+    if est_state is not None and ckpt is None:
+        seed_estimator_state(cfg, est_state, make_env, renderer, str(policy.device))
 
     log = MetricsLog(run_dir, resume_from=start_iter if ckpt is not None else None)
     ctx = UpdateContext(policy, optimizer, cfg, ref_policy)
@@ -238,6 +253,9 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
             {
                 "env_steps_total": env_steps_total,
                 "estimator_state": est_state.state_dict() if est_state is not None else None,
+                "sampler_state": (
+                    sampler_state.state_dict() if sampler_state is not None else None
+                ),
             },
             keep=cfg.train.keep_checkpoints,
         )
@@ -266,31 +284,39 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
                     sampling=sampling,
                     max_turns=max_turns,
                     generator=gen,
+                    state=sampler_state,
+                    choice_seed=_iteration_seed(cfg.train.seed, it, 3),
                 )
-                forest = rollout.forest
+                # oracle rows (SERO) stay out of credit and of the RL batch
+                forest, oracle_rows = split_oracle(rollout.forest)
+                if cfg.objective.kl_reward_coef > 0:  # KL to the reference as a reward cost
+                    penalty = kl_reward_penalty_rows(
+                        ctx,
+                        forest,
+                        beta=cfg.objective.kl_reward_coef,
+                        micro_rows=cfg.optim.micro_batch_rows,
+                    )
+                    forest = dataclasses.replace(
+                        forest, reward=forest.reward - penalty, _episodes=None
+                    )
                 t1 = time.perf_counter()
                 # 3. credit
                 adv = compute_advantages(cfg.credit.estimator, forest, cfg.credit.params, est_state)
                 # 4. objective → optimizer step
                 batch = forest.to_batch(adv, pad_id=policy.pad_id)
                 upd_gen = torch.Generator().manual_seed(_iteration_seed(cfg.train.seed, it, 2))
-                update_metrics = policy_update(ctx, batch, iteration=it, generator=upd_gen)
+                extra = {}
+                if oracle_rows.numel():
+                    extra["oracle"] = oracle_batch(rollout.forest, pad_id=policy.pad_id)
+                update_metrics = policy_update(ctx, batch, iteration=it, generator=upd_gen, **extra)
                 t2 = time.perf_counter()
                 # 5. metrics, checkpoint
                 env_steps_total += rollout.env_steps
                 completed = it + 1
-                record = _iteration_metrics(it, rollout, adv, env_steps_total, t0, t1, t2)
+                record = _iteration_metrics(it, rollout, forest, adv, env_steps_total, t0, t1, t2)
                 record.update(update_metrics)
                 if cfg.eval.every and completed % cfg.eval.every == 0:
-                    ev = evaluate(
-                        policy,
-                        renderer,
-                        make_env,
-                        episodes=cfg.eval.periodic_episodes,
-                        sampling=sampling,
-                        max_turns=max_turns,
-                        seed=cfg.eval.seed,
-                    )
+                    ev = held_out(policy, cfg.eval.periodic_episodes)
                     record["eval/success_rate"] = ev.success_rate
                 log.write(record)
                 bar.update(completed, record)
@@ -318,15 +344,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     final_eval = None
     if not interrupted:
         with progress.phase(f"held-out eval of the trained policy ({cfg.eval.episodes} episodes)"):
-            final_eval = evaluate(
-                policy,
-                renderer,
-                make_env,
-                episodes=cfg.eval.episodes,
-                sampling=sampling,
-                max_turns=max_turns,
-                seed=cfg.eval.seed,
-            )
+            final_eval = held_out(policy, cfg.eval.episodes)
         (run_dir / "final_eval.json").write_text(json.dumps(final_eval.to_dict(), indent=1))
         policy.save(run_dir / "final_policy")
     baselines = {"warm start (held-out)": warm_eval.success_rate} if warm_eval else {}
@@ -349,10 +367,17 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
 
 
 def _iteration_metrics(
-    it: int, rollout: Any, adv: torch.Tensor, env_steps_total: int, t0: float, t1: float, t2: float
+    it: int,
+    rollout: Any,
+    forest: Any,
+    adv: torch.Tensor,
+    env_steps_total: int,
+    t0: float,
+    t1: float,
+    t2: float,
 ) -> dict[str, Any]:
+    """The iteration's record; ``forest`` is the RL forest (oracle rows left out)."""
     eps = rollout.episodes
-    forest = rollout.forest
     n = max(1, len(eps))
     rows = max(1, forest.num_rows)
     return {
@@ -374,4 +399,5 @@ def _iteration_metrics(
         "time/iteration_s": t2 - t0,
         "perf/env_steps_per_s": rollout.env_steps / max(1e-9, t1 - t0),
         "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, t1 - t0),
+        **{k: float(v) for k, v in sorted(rollout.stats.items())},
     }

@@ -38,6 +38,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "sampling_params",
+    "seed_estimator_state",
     "warm_start",
 ]
 
@@ -206,9 +207,9 @@ class WarmStart:
 
 
 def warm_start_key(cfg: Config) -> str:
-    """Hash of everything the warm start depends on. Settings added after version 1 enter
-    only when they differ from their defaults, so that existing cached warm starts keep
-    their keys."""
+    """Hash of everything the warm start depends on, the code included. Model and prompt
+    settings enter only when they differ from their defaults (the built-in model's keys
+    stay short and stable)."""
     model: dict[str, Any] = {"name": cfg.model.name, "tiny": asdict(cfg.model.tiny)}
     if cfg.model.lora is not None:
         model["lora"] = asdict(cfg.model.lora)
@@ -220,7 +221,7 @@ def warm_start_key(cfg: Config) -> str:
         "sft": {k: v for k, v in asdict(cfg.sft).items() if k != "cache"},
         "history_turns": cfg.rollout.history_turns,
         "seed": cfg.train.seed,
-        "version": 1,
+        "code": _code_fingerprint(cfg),
     }
     prompt = {
         k: getattr(cfg.rollout, k)
@@ -232,6 +233,33 @@ def warm_start_key(cfg: Config) -> str:
     if prompt:
         key["prompt"] = prompt
     return config_hash(key)
+
+
+def _code_fingerprint(cfg: Config) -> str:
+    """Hash of the code a warm start depends on: the env's module, the prompt renderer,
+    the demonstrations/SFT code and the built-in model. Editing any of them (e.g. your
+    env's observations) invalidates cached warm starts instead of silently reusing them."""
+    import hashlib
+    import inspect
+
+    from credo.policy import tiny, tokenizer
+    from credo.rollout import render
+    from credo.train import sft
+
+    modules = [render, sft, tiny, tokenizer]
+    try:
+        env_module = inspect.getmodule(resolve_env(cfg.env.name))
+        if env_module is not None:
+            modules.append(env_module)
+    except (TypeError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    for m in modules:
+        try:
+            digest.update(inspect.getsource(m).encode())
+        except (OSError, TypeError):
+            digest.update(m.__name__.encode())
+    return digest.hexdigest()[:16]
 
 
 def warm_start(
@@ -321,6 +349,53 @@ def warm_start(
         os.replace(tmp, folder)
         _name_base(policy, folder / "policy")
     return policy, WarmStart(key, False, noisy.success_rate, seconds, folder / "policy")
+
+
+def seed_estimator_state(
+    cfg: Config, state: Any, make: Callable[[], Any], renderer: Renderer, device: str
+) -> int:
+    """Seed a stateful estimator (ProAS's graph) as ``credit.seed_graph`` says.
+
+    ``demonstrations``: the env's clean oracle episodes on training tasks the RL loop
+    is unlikely to draw (seeds from 10⁸). ``teacher``: the successful episodes of the
+    policy folder ``credit.teacher`` on the same tasks. Returns the episodes added.
+    """
+    mode = cfg.credit.seed_graph
+    if mode == "empty":
+        return 0
+    from credo.rollout.group import episodes_to_forest, sample_groups
+
+    first = 100_000_000
+    if mode == "demonstrations":
+        demos = collect_demonstrations(
+            make,
+            renderer,
+            episodes=cfg.credit.seed_episodes,
+            epsilon=0.0,
+            seed=cfg.train.seed,
+            first_task=first,
+        )
+        episodes = demos.episodes
+    else:
+        from credo.envs.base import Task
+
+        teacher = HFPolicy.from_pretrained(cfg.credit.teacher, device=device)
+        tasks = [Task.make("train", first + i) for i in range(cfg.credit.seed_episodes)]
+        gen = torch.Generator().manual_seed(cfg.train.seed)
+        probe = make()
+        res = sample_groups(
+            teacher,
+            renderer,
+            make,
+            tasks,
+            group_size=1,
+            sampling=sampling_params(cfg),
+            max_turns=default_max_turns(cfg, probe),
+            generator=gen,
+        )
+        episodes = res.episodes
+    state.add_episodes(episodes_to_forest(episodes), only_successful=True)
+    return sum(e.success for e in episodes)
 
 
 def _name_base(policy: HFPolicy, path: Path) -> None:

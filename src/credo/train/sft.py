@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from credo.data import Episode, Step
-from credo.envs.base import Task
+from credo.envs.base import Task, step_env
 from credo.policy.hf import HFPolicy
 from credo.rollout.render import Renderer, Turn
 
@@ -78,8 +78,8 @@ def collect_demonstrations(
                 env.sample_action(rng) if noisy and rng.random() < epsilon else env.oracle_action()
             )
             prompt = renderer.prompt_ids(instruction, history, obs)
-            state = env.state_key()
-            res = env.step(action)
+            tr = step_env(env, action)
+            res = tr.result
             ep.steps.append(
                 Step(
                     observation=obs,
@@ -87,15 +87,18 @@ def collect_demonstrations(
                     reward=res.reward,
                     terminal=res.done,
                     valid=bool(res.info.get("valid", True)),
-                    state=state,
-                    next_state=env.state_key(),
+                    state=tr.state,
+                    next_state=tr.next_state,
                     source="oracle",
                     prompt_ids=prompt,
                     response_ids=renderer.response_ids(action),
+                    info=tr.info,
                 )
             )
             history.append(Turn(obs, action))
             obs = res.observation
+            if hasattr(env, "instruction"):  # the goal may change (a shopping list's next item)
+                instruction = env.instruction()
             if res.done:
                 ep.success = bool(res.info.get("success", False))
                 break

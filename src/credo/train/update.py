@@ -4,6 +4,15 @@ Aggregation weights are computed on each whole mini-batch, so splitting it into
 micro-batches (gradient accumulation) gives the same gradient as one big batch.
 Mini-batches and micro-batches are cut at episode boundaries, so losses that look at a
 whole episode (sequence-level ratios, episode aggregation) always see all of it.
+
+SERO (``objective.oracle_coef`` = λ_O, :mod:`credo.objectives.sero`): the oracle rows come
+as a separate :class:`~credo.rollout.OracleBatch`, never mixed into the RL batch. Their
+reachability weights are computed once, before the first optimizer step, from the frozen
+policy (the policy as it is now, or the reference); the continuations are split into as
+many parts as there are mini-batches (in order, no RNG), and each optimizer step adds
+λ_O · L_O of its part to the RL loss before the gradient is clipped. With λ_O = 0 the
+term is computed for its metrics only (no gradient, in eval mode), so the parameters
+follow the base method's exactly.
 """
 
 from __future__ import annotations
@@ -14,13 +23,23 @@ from dataclasses import dataclass
 
 import torch
 
-from credo.data import TokenBatch
-from credo.objectives import LossInputs, aggregation_weights, get_loss, kl_estimate
+from credo.data import RolloutForest, TokenBatch
+from credo.objectives import (
+    LossInputs,
+    action_logprobs,
+    aggregation_weights,
+    get_loss,
+    kl_estimate,
+    reachability_log_weights,
+    sero_loss,
+)
+from credo.objectives.kl import kl_reward_penalty
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
+from credo.rollout import OracleBatch
 from credo.train.config import Config
 
-__all__ = ["UpdateContext", "policy_update", "score_batch"]
+__all__ = ["UpdateContext", "kl_reward_penalty_rows", "policy_update", "score_batch"]
 
 
 @dataclass
@@ -128,15 +147,114 @@ def score_batch(
     return out
 
 
+def oracle_log_weights(ctx: UpdateContext, oracle: OracleBatch) -> torch.Tensor:
+    """``[M]`` SERO log-weights of the oracle rows under the frozen policy (no grad)."""
+    obj = ctx.cfg.objective
+    frozen = ctx.ref_policy if obj.oracle_frozen == "reference" else ctx.policy
+    if frozen is None:
+        raise ValueError("objective.oracle_frozen=reference needs the reference policy")
+    was_training = frozen.model.training
+    frozen.model.eval()  # a frozen copy: no dropout, no RNG
+    try:
+        lp = score_batch(
+            frozen,
+            oracle.tokens,
+            temperature=ctx.cfg.rollout.temperature,
+            micro_rows=ctx.cfg.optim.micro_batch_rows,
+        )
+    finally:
+        frozen.model.train(was_training)
+    ell = action_logprobs(lp, oracle.tokens.response_mask, geomean=obj.oracle_weight == "geomean")
+    return reachability_log_weights(
+        ell,
+        oracle.chain,
+        oracle.position,
+        mode=obj.oracle_weight,
+        inclusive=obj.oracle_weight_inclusive,
+        min_weight=obj.oracle_weight_min,
+    )
+
+
+def _oracle_step(
+    ctx: UpdateContext,
+    oracle: OracleBatch,
+    log_w: torch.Tensor,
+    rows: torch.Tensor,
+    metrics: dict[str, float],
+) -> None:
+    """Add λ_O · L_O of the oracle ``rows`` to the gradients (metrics only when λ_O = 0)."""
+    cfg, policy = ctx.cfg, ctx.policy
+    coef = cfg.objective.oracle_coef
+    if rows.numel() == 0:
+        return
+    num_chains = int(torch.unique(oracle.chain[rows]).numel())
+    was_training = policy.model.training
+    if coef == 0:
+        policy.model.eval()  # metrics only: no dropout, no RNG, no gradient
+    try:
+        for idx in _micro_chunks(oracle.chain, rows, cfg.optim.micro_batch_rows):
+            sub = oracle.tokens.index(idx).trim()
+            with torch.set_grad_enabled(coef > 0):
+                sc = policy.score(
+                    sub.input_ids, sub.attention_mask, temperature=cfg.rollout.temperature
+                )
+                loss, m = sero_loss(
+                    sc.logprobs,
+                    sub.response_mask.to(sc.logprobs.device),
+                    log_w[idx],
+                    num_chains=num_chains,
+                    num_rows=rows.numel(),
+                )
+            if coef > 0:
+                (coef * loss).backward()
+            for k, v in m.items():
+                metrics[k] += float(v)
+            metrics["loss/total"] += coef * float(loss.detach())
+    finally:
+        policy.model.train(was_training)
+
+
+@torch.no_grad()
+def kl_reward_penalty_rows(
+    ctx: UpdateContext, forest: RolloutForest, *, beta: float, micro_rows: int
+) -> torch.Tensor:
+    """``[N]`` per-row reward penalty ``β·Σ_tokens k(π, π_ref)`` of a forest's rows,
+    scored with the current policy (the sampler) and the frozen reference."""
+    if ctx.ref_policy is None:
+        raise RuntimeError("a KL reward penalty needs the reference policy")
+    batch = forest.to_batch(torch.zeros(forest.num_rows), pad_id=ctx.policy.pad_id)
+    t = ctx.cfg.rollout.temperature
+    lp = score_batch(ctx.policy, batch, temperature=t, micro_rows=micro_rows)
+    ref = score_batch(ctx.ref_policy, batch, temperature=t, micro_rows=micro_rows)
+    kl = kl_estimate(lp, ref, ctx.cfg.objective.kl_estimator)
+    penalty = kl_reward_penalty(kl, batch.response_mask, beta)
+    out = torch.zeros(forest.num_rows)
+    out[batch.row] = penalty
+    return out
+
+
 def policy_update(
-    ctx: UpdateContext, batch: TokenBatch, *, iteration: int, generator: torch.Generator
+    ctx: UpdateContext,
+    batch: TokenBatch,
+    *,
+    iteration: int,
+    generator: torch.Generator,
+    oracle: OracleBatch | None = None,
 ) -> dict[str, float]:
     """Run the configured number of epochs/mini-batches on ``batch``; return metrics.
 
     Metrics are averaged over the optimizer steps: the loss's own ``loss/...`` entries
     (as the loss computed them) and ``policy/...`` entries (weighted means over the loss
     tokens), plus ``loss/kl`` (when a reference is used), ``policy/entropy`` and
-    ``policy/grad_norm``.
+    ``policy/grad_norm``; with ``oracle`` rows, SERO's ``loss/oracle``, ``oracle/nll``
+    and ``oracle/weight`` (see :mod:`credo.objectives.sero`).
+
+    Args:
+        ctx: policy, optimizer, config and reference.
+        batch: the RL token batch (policy rows).
+        iteration: the training iteration (schedules).
+        generator: RNG of the mini-batch shuffles.
+        oracle: SERO's oracle rows, or ``None``.
     """
     cfg, policy = ctx.cfg, ctx.policy
     obj, opt_cfg = cfg.objective, cfg.optim
@@ -158,7 +276,7 @@ def policy_update(
             policy, batch, temperature=temperature, micro_rows=micro, micro_tokens=micro_tokens
         )
     ref_lp = None
-    if ctx.ref_policy is not None:
+    if ctx.ref_policy is not None and obj.kl_coef > 0:
         ref_lp = score_batch(
             ctx.ref_policy,
             batch,
@@ -166,6 +284,7 @@ def policy_update(
             micro_rows=micro,
             micro_tokens=micro_tokens,
         )
+    oracle_w = oracle_log_weights(ctx, oracle) if oracle is not None else None
 
     totals: dict[str, float] = defaultdict(float)
     steps = 0
@@ -175,7 +294,8 @@ def policy_update(
         rank = torch.empty(int(batch.episode.max()) + 1 if len(batch) else 0, dtype=torch.long)
         rank[perm] = torch.arange(perm.numel())
         order = torch.argsort(rank[batch.episode] * (len(batch) + 1) + torch.arange(len(batch)))
-        for mb_rows in _episode_chunks(batch.episode, order, opt_cfg.minibatches):
+        minibatches = _episode_chunks(batch.episode, order, opt_cfg.minibatches)
+        for mb_index, mb_rows in enumerate(minibatches):
             mb = batch.index(mb_rows)
             weights = aggregation_weights(
                 mb.loss_mask,
@@ -193,13 +313,13 @@ def policy_update(
                 sub = mb.index(idx).trim()
                 width = sub.input_ids.shape[1]
                 w = weights[idx][:, :width]
-                want_entropy_grad = obj.entropy_coef > 0
                 aux_ids = sub.token_extras.get("aux_ids")
                 sc = policy.score(
                     sub.input_ids,
                     sub.attention_mask,
                     temperature=temperature,
                     entropy=True,
+                    entropy_grad=obj.entropy_coef > 0,
                     extra_ids=aux_ids,
                     scored=sub.response_mask,
                 )
@@ -236,16 +356,17 @@ def policy_update(
                     kl_term = (torch.where(inputs.mask, kl, torch.zeros_like(kl)) * wm).sum()
                     loss = loss + obj.kl_coef * kl_term
                     metrics["loss/kl"] = kl_term.detach()
-                if want_entropy_grad:
-                    ent = _entropy_with_grad(policy, sub, temperature)
-                    ent_term = (ent * wm).sum()
-                    loss = loss - obj.entropy_coef * ent_term
-                if sc.entropy is not None:
-                    metrics["policy/entropy"] = (sc.entropy * wm).sum()
+                if obj.entropy_coef > 0:  # entropy bonus
+                    loss = loss - obj.entropy_coef * (sc.entropy * wm).sum()
+                metrics["policy/entropy"] = (sc.entropy.detach() * wm).sum()
                 loss.backward()
                 for k, v in metrics.items():
                     step_metrics[k] += float(v)
                 step_metrics["loss/total"] += float(loss.detach())
+            if oracle is not None:  # this mini-batch's share of the continuations, in order
+                part = oracle.chain * len(minibatches) // max(1, oracle.num_chains)
+                rows = torch.nonzero(part == mb_index, as_tuple=False).flatten()
+                _oracle_step(ctx, oracle, oracle_w, rows, step_metrics)
             # `policy/*` metrics are Σ w·x; divide by Σ w so that they read as weighted means
             # under every aggregation (the *-mean modes already have Σ w = 1).
             total_w = float((weights * mb.loss_mask).sum())
@@ -261,16 +382,3 @@ def policy_update(
                 totals[k] += v
             steps += 1
     return {k: v / max(1, steps) for k, v in totals.items()}
-
-
-def _entropy_with_grad(policy: HFPolicy, sub: TokenBatch, temperature: float) -> torch.Tensor:
-    """``[B, L]`` entropy of the policy at each position, with grad (entropy bonus)."""
-    logits = policy.model(
-        input_ids=sub.input_ids.to(policy.device),
-        attention_mask=sub.attention_mask.long().to(policy.device),
-    ).logits
-    t = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits[:, :-1].float() / t, -1)
-    ent = torch.zeros(sub.input_ids.shape, dtype=torch.float32, device=logits.device)
-    ent[:, 1:] = -(logp.exp() * logp).sum(-1)
-    return ent

@@ -1,0 +1,245 @@
+"""``credo compare``: several recipes × seeds on the same tasks and budget.
+
+Every run of a seed uses the same warm start (cached by config hash), the same training
+tasks (they derive from ``(seed, iteration)``) and the same number of iterations, episodes
+and held-out tasks; recipes differ only in what they configure. The comparison folder holds
+one run folder per (recipe, seed), ``compare.json``, ``compare.md`` (the table) and
+``compare.png`` (success vs. env steps for all recipes). Runs already finished are reused,
+and an interrupted one is resumed, so a comparison can be stopped and restarted.
+
+"Env steps to reach the reference" uses the training rollouts' success rate (a moving
+average over ``smooth`` iterations, averaged over seeds) against the reference recipe's
+final value (its mean over the last ``smooth`` iterations): rollouts are sampled as the
+held-out evaluation is, on training tasks, and cost nothing extra.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from credo.train.config import Config, load_config
+from credo.train.logging import read_metrics
+from credo.train.loop import train
+
+__all__ = ["RecipeSummary", "compare"]
+
+
+@dataclass
+class RecipeSummary:
+    """One recipe's results over the seeds."""
+
+    recipe: str
+    final: list[float] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)
+    iteration_s: list[float] = field(default_factory=list)
+    update_s: list[float] = field(default_factory=list)
+    curves: list[list[tuple[int, float]]] = field(default_factory=list)
+    steps_to_reference: int | None = None
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.final) if self.final else float("nan")
+
+    @property
+    def spread(self) -> float:
+        return statistics.stdev(self.final) if len(self.final) > 1 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "final": self.final,
+            "warm": self.warm,
+            "mean": self.mean,
+            "std": self.spread,
+            "iteration_s": statistics.fmean(self.iteration_s) if self.iteration_s else None,
+            "update_s": statistics.fmean(self.update_s) if self.update_s else None,
+            "steps_to_reference": self.steps_to_reference,
+        }
+
+
+def _moving(values: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def _mean_curve(curves: list[list[tuple[int, float]]], window: int) -> list[tuple[float, float]]:
+    n = min(len(c) for c in curves)
+    xs = [statistics.fmean(c[i][0] for c in curves) for i in range(n)]
+    ys = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
+    return list(zip(xs, _moving(ys, window)))
+
+
+def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
+    final_path = run_dir / "final_eval.json"
+    if not final_path.exists():
+        resume = run_dir if (run_dir / "checkpoints").exists() else None
+        if resume is not None:
+            cfg = Config.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+        train(cfg, resume=resume, quiet=True)
+    warm = json.loads((run_dir / "warmstart.json").read_text())
+    return {
+        "final": json.loads(final_path.read_text())["success_rate"],
+        "warm": (warm.get("eval") or {}).get("success_rate"),
+        "metrics": read_metrics(run_dir / "metrics.jsonl"),
+    }
+
+
+def compare(
+    recipes: list[str],
+    seeds: list[int],
+    *,
+    overrides: list[str] | None = None,
+    out_dir: Path,
+    reference: str | None = None,
+    smooth: int = 5,
+    on_run: Any = None,
+) -> list[RecipeSummary]:
+    """Train every recipe with every seed; write the table and plot; return summaries.
+
+    Args:
+        recipes: recipe names (or paths).
+        seeds: training seeds.
+        overrides: ``key=value`` overrides applied to every run (same budget for all).
+        out_dir: the comparison folder.
+        reference: recipe whose final success defines "env steps to reach" (default:
+            ``grpo`` if compared, else the first recipe).
+        smooth: moving-average window (iterations) of the success curves.
+        on_run: called with ``(recipe, seed, index, total)`` before each run.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = {r: RecipeSummary(Path(r).stem) for r in recipes}
+    total, k = len(recipes) * len(seeds), 0
+    for seed in seeds:
+        for recipe in recipes:
+            name = f"{Path(recipe).stem}-seed{seed}"
+            cfg = load_config(
+                recipe,
+                [
+                    *(overrides or []),
+                    f"train.seed={seed}",
+                    f"train.runs_dir={out_dir}",
+                    f"train.name={name}",
+                ],
+            )
+            if on_run is not None:
+                on_run(recipe, seed, k, total)
+            k += 1
+            res = _run_one(cfg, out_dir / name)
+            s = summaries[recipe]
+            s.final.append(res["final"])
+            if res["warm"] is not None:
+                s.warm.append(res["warm"])
+            m = res["metrics"]
+            s.curves.append([(r["rollout/env_steps_total"], r["rollout/success_rate"]) for r in m])
+            s.iteration_s.append(statistics.fmean(r["time/iteration_s"] for r in m))
+            s.update_s.append(statistics.fmean(r["time/update_s"] for r in m))
+
+    ref_name = reference or ("grpo" if "grpo" in recipes else recipes[0])
+    ref = summaries[ref_name]
+    ref_curve = _mean_curve(ref.curves, smooth)
+    threshold = statistics.fmean(y for _, y in ref_curve[-smooth:])
+    for s in summaries.values():
+        curve = _mean_curve(s.curves, smooth)
+        s.steps_to_reference = next((int(x) for x, y in curve if y >= threshold), None)
+    _write(out_dir, list(summaries.values()), ref_name, threshold, seeds, overrides or [], smooth)
+    return list(summaries.values())
+
+
+def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
+    rows = []
+    for s in summaries:
+        rows.append(
+            [
+                s.recipe,
+                f"{s.mean:.1%} ± {s.spread:.1%}",
+                " ".join(f"{v:.1%}" for v in s.final),
+                f"{statistics.fmean(s.warm):.1%}" if s.warm else "—",
+                f"{s.steps_to_reference:,}" if s.steps_to_reference is not None else "not reached",
+                f"{statistics.fmean(s.iteration_s):.2f}",
+                f"{statistics.fmean(s.update_s):.2f}",
+            ]
+        )
+    return rows
+
+
+COLUMNS = [
+    "recipe",
+    "held-out success (mean ± sd)",
+    "per seed",
+    "warm start",
+    "env steps to reference",
+    "s/iteration",
+    "update s/iteration",
+]
+
+
+def _write(
+    out_dir: Path,
+    summaries: list[RecipeSummary],
+    ref: str,
+    threshold: float,
+    seeds: list[int],
+    overrides: list[str],
+    smooth: int,
+) -> None:
+    (out_dir / "compare.json").write_text(
+        json.dumps(
+            {
+                "reference": ref,
+                "threshold": threshold,
+                "seeds": seeds,
+                "overrides": overrides,
+                "recipes": [s.to_dict() for s in summaries],
+            },
+            indent=1,
+        )
+    )
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(r) + " |" for r in _table_rows(summaries)]
+    lines.append("")
+    lines.append(
+        f"Reference: {ref}'s final training success {threshold:.1%} "
+        f"({smooth}-iteration moving average, mean over seeds {seeds})."
+    )
+    (out_dir / "compare.md").write_text("\n".join(lines) + "\n")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for s in summaries:
+        curve = _mean_curve(s.curves, smooth)
+        xs, ys = zip(*curve)
+        n = len(xs)
+        per_seed = [_moving([y for _, y in c[:n]], smooth) for c in s.curves]
+        low = [min(p[i] for p in per_seed) for i in range(n)]
+        high = [max(p[i] for p in per_seed) for i in range(n)]
+        (line,) = ax.plot(xs, ys, label=f"{s.recipe} (held-out {s.mean:.0%})")
+        ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
+    ax.axhline(threshold, linestyle=":", color="grey")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("training success rate")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"credo compare ({len(seeds)} seeds; band = min–max over seeds)")
+    fig.tight_layout()
+    fig.savefig(out_dir / "compare.png", dpi=110)
+    plt.close(fig)
+
+
+def summary_table_rows(summaries: list[RecipeSummary]) -> tuple[list[str], list[list[str]]]:
+    """The columns and rows of the comparison table (for the CLI)."""
+    return COLUMNS, _table_rows(summaries)
