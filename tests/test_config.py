@@ -51,6 +51,7 @@ def test_overrides_are_typed() -> None:
         ("env.name=nowhere", "unknown env 'nowhere'"),
         ("rollout.top_p=2", "rollout.top_p must be in (0, 1]"),
         ("noequals", "must look like key.sub=value"),
+        ("objective.loss=ppo_rapo", "ppo_rapo is not available in `credo train`"),
     ],
 )
 def test_bad_input_says_what_is_valid(override: str, message: str) -> None:

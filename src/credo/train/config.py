@@ -486,6 +486,17 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             unknown_name_message("aggregation", cfg.objective.aggregation, AGGREGATIONS.names())
         )
+    if cfg.objective.loss == "ppo_rapo":
+        # RAPO's token weights need two reference passes over the same responses, one
+        # with the user's profile in the prompt and one without; credo's envs carry no
+        # profile, so the trainer does not make them (yet). The loss is a pure function.
+        raise ConfigError(
+            "objective.loss=ppo_rapo is not available in `credo train`: it needs "
+            "profile-conditioned and plain reference log-probs "
+            "(inputs.extras['ref_logprobs_profile'/'ref_logprobs_plain']), which the "
+            "trainer does not compute; call credo.objectives.rapo.ppo_rapo directly. "
+            "Losses the trainer runs: holder, holder_token, klpo, klpo_seq, ppo"
+        )
     if cfg.objective.kl_estimator not in KL_ESTIMATORS:
         raise ConfigError(
             f"unknown objective.kl_estimator {cfg.objective.kl_estimator!r}; "

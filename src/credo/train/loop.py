@@ -136,13 +136,15 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     sampling = sampling_params(cfg, builtin=builtin)
 
     def held_out(policy: HFPolicy, episodes: int) -> EvalResult:
-        """Success on the first ``episodes`` held-out tasks, sampled as in training."""
+        """Success on the first ``episodes`` held-out tasks, sampled as in training
+        (without KLPO's auxiliary draws: every recipe's evaluation sees the same random
+        stream, so equal policies get equal scores)."""
         return evaluate(
             policy,
             renderer,
             make_env,
             episodes=episodes,
-            sampling=sampling,
+            sampling=dataclasses.replace(sampling, aux_samples=0),
             max_turns=max_turns,
             seed=cfg.eval.seed,
         )

@@ -1,0 +1,132 @@
+"""How much step-level credit has to act on: a diagnostic of one policy's rollouts.
+
+    python benchmarks/credit_signal.py --policy RUN_DIR/final_policy
+    python benchmarks/credit_signal.py --policy ~/.cache/credo/warmstart/KEY/policy \\
+        --difficulty multi --tasks 64
+
+Samples ``--tasks`` groups of ``--group`` episodes with the policy on ``shop`` (training
+tasks, as the trainer does) and prints, from the same forest:
+
+- the share of groups with mixed outcomes (GRPO's only source of signal) and the share
+  of steps with a non-zero episode advantage;
+- GiGPO's anchor-state step groups: the share of steps whose state recurs in their group,
+  and of steps whose step advantage A^S is non-zero;
+- for each step-level estimator, the share of steps whose advantage has the opposite
+  sign to GRPO's (the steps where step-level credit changes the direction of the update,
+  e.g. a good search inside a failed episode), and the correlation with GRPO's.
+
+Step-level credit can only beat GRPO where these shares are large: if every recurring
+state's successors all succeed or all fail, the step advantages repeat the episode's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import _common  # noqa: F401  (puts the repository root on sys.path)
+import torch
+from _common import print_table
+
+from credo.credit import compute_advantages
+from credo.credit.gigpo import gigpo_episode_advantage, gigpo_step_advantage
+from credo.envs.base import Task
+from credo.policy.hf import HFPolicy
+from credo.train.config import load_config
+from credo.train.sampling import sample_rollouts
+from credo.train.setup import (
+    build_env_factory,
+    configure_runtime,
+    default_max_turns,
+    make_run_renderer,
+    sampling_params,
+)
+
+ESTIMATORS = ("gigpo", "graph", "graphpo", "tsbpo")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--policy", required=True, help="a policy folder (final_policy, warm start)")
+    ap.add_argument("--difficulty", default="default")
+    ap.add_argument("--tasks", type=int, default=64)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    cfg = load_config(
+        "grpo",
+        [
+            f"env.kwargs.difficulty={args.difficulty}",
+            f"rollout.group_size={args.group}",
+            f"train.threads={args.threads}",
+        ],
+    )
+    configure_runtime(cfg)
+    make_env = build_env_factory(cfg)
+    env = make_env()
+    policy = HFPolicy.from_pretrained(args.policy)
+    renderer = make_run_renderer(cfg, policy, True, env)
+    tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]
+    res = sample_rollouts(
+        cfg,
+        policy,
+        renderer,
+        make_env,
+        tasks,
+        sampling=sampling_params(cfg),
+        max_turns=default_max_turns(cfg, env),
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    f = res.forest
+    ep = f.episodes()
+    groups = f.group[ep.leaf]
+    mixed = 0
+    for g in groups.unique():
+        s = ep.success[groups == g]
+        mixed += int(s.any() and not s.all())
+    n_groups = len(groups.unique())
+
+    a_e = gigpo_episode_advantage(f)
+    a_s = gigpo_step_advantage(f)
+    key = f.group.long() * (int(f.state.max()) + 1) + f.state.long()
+    _, inv, counts = key.unique(return_inverse=True, return_counts=True)
+    recurring = counts[inv] > 1
+    n = f.num_rows
+    summary = [
+        ["episodes / steps", f"{len(ep.leaf)} / {n}"],
+        ["success rate", f"{float(ep.success.float().mean()):.1%}"],
+        ["mean steps per episode", f"{n / len(ep.leaf):.1f}"],
+        ["groups with mixed outcomes", f"{mixed}/{n_groups} ({mixed / n_groups:.0%})"],
+        ["steps with episode advantage ≠ 0", f"{float((a_e.abs() > 1e-9).float().mean()):.1%}"],
+        ["steps whose state recurs in the group", f"{float(recurring.float().mean()):.1%}"],
+        ["steps with GiGPO step advantage ≠ 0", f"{float((a_s.abs() > 1e-9).float().mean()):.1%}"],
+    ]
+    print_table(
+        f"rollouts of {args.policy} on shop/{args.difficulty}", ["quantity", "value"], summary
+    )
+
+    base = compute_advantages("grpo", f, {}, None).double()
+    rows = []
+    for name in ESTIMATORS:
+        adv = compute_advantages(name, f, {}, None).double()
+        both = (base.abs() > 1e-9) & (adv.abs() > 1e-9)
+        flip = both & (torch.sign(base) != torch.sign(adv))
+        corr = torch.corrcoef(torch.stack([base, adv]))[0, 1] if base.std() > 0 else float("nan")
+        rows.append(
+            [
+                name,
+                f"{float((adv.abs() > 1e-9).float().mean()):.1%}",
+                f"{float(flip.float().mean()):.1%}",
+                f"{float(corr):.2f}",
+            ]
+        )
+    print_table(
+        "step-level estimators vs GRPO on the same forest",
+        ["estimator", "steps with adv ≠ 0", "sign opposite to GRPO", "corr. with GRPO"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()

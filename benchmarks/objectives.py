@@ -1,0 +1,144 @@
+"""Cost of each policy objective relative to PPO-clip, on one real rollout batch.
+
+    python benchmarks/objectives.py                 # 16 tasks x 8 episodes of shop, 5 repeats
+    python benchmarks/objectives.py --repeats 9 --threads 2
+
+One rollout of the built-in model on ``shop`` (group sampler, with M = 16 auxiliary
+draws per position stored, which KLPO needs) gives one token batch. Every objective then
+runs the trainer's own update (``credo.train.update.policy_update``: scoring pass,
+loss, backward, optimizer step) on that same batch, from the same weights, the
+objectives interleaved in each repeat so that machine noise hits them alike; the table
+gives the median seconds and the ratio to PPO-clip with token ratios. A second table
+gives the rollout's cost with and without the auxiliary draws (KLPO pays it at sampling
+time). Ratios are measured in one run; absolute seconds depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import _common  # noqa: F401  (puts the repository root on sys.path)
+import torch
+from _common import print_table
+
+from credo.envs.base import Task
+from credo.train.config import load_config
+from credo.train.setup import (
+    build_env_factory,
+    build_policy,
+    configure_runtime,
+    default_max_turns,
+    make_run_renderer,
+    sampling_params,
+)
+from credo.train.update import UpdateContext, policy_update
+
+#: (label, recipe, overrides): each objective as the recipes configure it.
+OBJECTIVES: list[tuple[str, str, list[str]]] = [
+    ("ppo token (grpo)", "grpo", []),
+    ("ppo turn", "grpo", ["objective.params={ratio_level: turn}"]),
+    ("ppo sequence (GSPO)", "grpo", ["objective.params={ratio_level: sequence}"]),
+    ("ppo + KL k3 (β 0.05)", "grpo", ["objective.kl_coef=0.05"]),
+    ("holder (hpo)", "hpo", []),
+    ("holder_token", "hpo", ["objective.loss=holder_token"]),
+    ("klpo (M 16)", "klpo", []),
+    ("klpo_seq", "klpo", ["objective.loss=klpo_seq", "objective.params={beta: 0.1}"]),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+
+    base = load_config(
+        "grpo",
+        [
+            "sft.enabled=false",
+            f"train.threads={args.threads}",
+            f"rollout.tasks_per_iter={args.tasks}",
+            f"rollout.group_size={args.group}",
+            "rollout.aux_samples=16",
+        ],
+    )
+    configure_runtime(base)
+    make_env = build_env_factory(base)
+    env = make_env()
+    policy, builtin = build_policy(base, env, make_env)
+    renderer = make_run_renderer(base, policy, builtin, env)
+    max_turns = default_max_turns(base, env)
+    tasks = [Task.make("train", i) for i in range(args.tasks)]
+
+    from credo.train.sampling import sample_rollouts
+
+    def rollout(aux: int) -> tuple[float, object]:
+        cfg = load_config(
+            "grpo", [f"rollout.group_size={args.group}", f"rollout.aux_samples={aux}"]
+        )
+        t0 = time.perf_counter()
+        res = sample_rollouts(
+            cfg,
+            policy,
+            renderer,
+            make_env,
+            tasks,
+            sampling=sampling_params(cfg),
+            max_turns=max_turns,
+            generator=torch.Generator().manual_seed(0),
+        )
+        return time.perf_counter() - t0, res
+
+    roll_times: dict[int, list[float]] = {0: [], 16: []}
+    result = None
+    for _ in range(max(1, args.repeats // 2)):
+        for aux in (0, 16):
+            dt, res = rollout(aux)
+            roll_times[aux].append(dt)
+            if aux == 16:
+                result = res
+    assert result is not None
+    forest = result.forest  # type: ignore[attr-defined]
+    adv = torch.randn(forest.num_rows, generator=torch.Generator().manual_seed(1))
+    batch = forest.to_batch(adv, pad_id=policy.pad_id)
+    tokens = int(batch.response_mask.sum())
+
+    times: dict[str, list[float]] = {label: [] for label, _, _ in OBJECTIVES}
+    for rep in range(args.repeats):
+        for label, recipe, extra in OBJECTIVES:
+            cfg = load_config(recipe, ["sft.enabled=false", *extra])
+            pol = copy.deepcopy(policy)
+            ref = copy.deepcopy(policy) if cfg.objective.kl_coef > 0 else None
+            opt = torch.optim.AdamW(pol.model.parameters(), lr=cfg.optim.lr)
+            ctx = UpdateContext(pol, opt, cfg, ref)
+            b = copy.deepcopy(batch)
+            t0 = time.perf_counter()
+            policy_update(ctx, b, iteration=rep, generator=torch.Generator().manual_seed(rep))
+            times[label].append(time.perf_counter() - t0)
+
+    ppo = statistics.median(times[OBJECTIVES[0][0]])
+    rows = []
+    for label, _, _ in OBJECTIVES:
+        med = statistics.median(times[label])
+        rows.append([label, f"{med:.3f}", f"{med / ppo:.2f}×"])
+    print_table(
+        f"policy update on one batch: {forest.num_rows} steps, {tokens} response tokens, "
+        f"median of {args.repeats}",
+        ["objective", "seconds", "vs ppo token"],
+        rows,
+    )
+    r0, r16 = statistics.median(roll_times[0]), statistics.median(roll_times[16])
+    print_table(
+        f"rollout of {args.tasks}x{args.group} episodes (median of {len(roll_times[0])})",
+        ["auxiliary draws M", "seconds", "vs M 0"],
+        [["0", f"{r0:.2f}", "1.00×"], ["16 (klpo)", f"{r16:.2f}", f"{r16 / r0:.2f}×"]],
+    )
+
+
+if __name__ == "__main__":
+    main()
