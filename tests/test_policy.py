@@ -116,3 +116,23 @@ def test_score_gathers_extra_ids_and_entropy() -> None:
     logp = torch.log_softmax(logits, -1)
     assert torch.allclose(out.extra_logprobs[0, 2], logp[1, [8, 9]], atol=1e-6)
     assert torch.allclose(out.entropy[0, 3], -(logp[2].exp() * logp[2]).sum(), atol=1e-5)
+
+
+def test_topk_logprobs_are_the_samplers_head_and_leave_sampling_unchanged() -> None:
+    pol = _policy(6)
+    sp = SamplingParams(temperature=0.7, max_new_tokens=4)
+    plain = pol.generate([[4, 5, 6]], sp, torch.Generator().manual_seed(3))[0]
+    sp_top = SamplingParams(temperature=0.7, max_new_tokens=4, topk_logprobs=3)
+    top = pol.generate([[4, 5, 6]], sp_top, torch.Generator().manual_seed(3))[0]
+    assert top.token_ids == plain.token_ids  # storing the head draws no random numbers
+    assert top.topk_ids is not None and top.topk_logprobs is not None
+    assert top.topk_ids.shape == top.topk_logprobs.shape == (len(top.token_ids), 3)
+    # the head at each position is the top 3 of the temperature-scaled distribution
+    seq = [4, 5, 6, *top.token_ids]
+    logits = pol.model(input_ids=torch.tensor([seq])).logits[0].float()
+    logp = torch.log_softmax(logits / 0.7, -1)
+    for k in range(len(top.token_ids)):
+        want_lp, want_ids = logp[2 + k].topk(3)
+        assert torch.equal(top.topk_ids[k], want_ids)
+        assert torch.allclose(top.topk_logprobs[k], want_lp, atol=1e-5)
+    assert bool((top.topk_logprobs[:, :1] >= top.topk_logprobs[:, 1:]).all())

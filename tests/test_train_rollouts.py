@@ -89,3 +89,28 @@ def test_recipes_and_config_errors() -> None:
         load_config("grpo", ["rollout.on_restore_divergence=warn"])
     with pytest.raises(ConfigError, match="Did you mean 'tree'"):
         load_config("grpo", ["rollout.sampler=trees"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],  # the recipe: M = 16 auxiliary draws (kl: mc)
+        [
+            "objective.params={beta: 0.1, kl: topk}",
+            "rollout.aux_samples=0",
+            "rollout.topk_logprobs=4",
+        ],
+    ],
+    ids=["mc", "topk"],
+)
+def test_klpo_trains_with_auxiliary_draws_or_the_samplers_top_k(
+    tmp_path: Path, extra: list[str]
+) -> None:
+    res = train(load_config("klpo", [*_small(tmp_path, "klpo", 2), *extra]), quiet=True)
+    first = res.metrics[0]
+    # one update per iteration from the sampler's own weights: trainer = sampler, so the
+    # estimated KL to the sampler is 0 up to float error, and the update is not
+    assert abs(first["policy/sampler_kl"]) < 1e-5
+    assert first["policy/grad_norm"] > 0
+    assert all(torch.isfinite(torch.tensor(r["loss/total"])) for r in res.metrics)

@@ -21,12 +21,15 @@ class SamplingParams:
         max_new_tokens: cap on the response length (the end-of-action token included).
         aux_samples: M > 0 also draws M auxiliary tokens per position from the same
             distribution (KLPO); stored in ``Generation.aux_ids``.
+        topk_logprobs: K > 0 also stores the K most likely token ids at every position
+            with their log-probs (KLPO's top-K KL); in ``Generation.topk_ids``.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
     aux_samples: int = 0
+    topk_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -48,6 +51,8 @@ class Generation:
         finished: a stop token was produced (else the length cap was hit).
         aux_ids: ``[len(token_ids), M]`` auxiliary tokens, or ``None``.
         aux_logprobs: ``[len(token_ids), M]`` the sampler's log-probs of them, or ``None``.
+        topk_ids: ``[len(token_ids), K]`` the sampler's K most likely tokens, or ``None``.
+        topk_logprobs: ``[len(token_ids), K]`` their log-probs, or ``None``.
     """
 
     token_ids: list[int]
@@ -56,6 +61,8 @@ class Generation:
     finished: bool
     aux_ids: torch.Tensor | None = None
     aux_logprobs: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
 
 
 @runtime_checkable

@@ -271,7 +271,7 @@ class HFPolicy:
         stop = torch.as_tensor(self.stop_ids, device=self.device)
         done = torch.zeros(b, dtype=torch.bool, device=self.device)
         length = torch.full((b,), sampling.max_new_tokens, dtype=torch.long, device=self.device)
-        tokens, lps, auxes, aux_lps = [], [], [], []
+        tokens, lps, auxes, aux_lps, tops, top_lps = [], [], [], [], [], []
         for k in range(sampling.max_new_tokens):
             tok, lp, aux, aux_lp = _sample(logits, sampling, generator)
             tokens.append(tok)
@@ -279,6 +279,11 @@ class HFPolicy:
             if aux is not None:
                 auxes.append(aux)
                 aux_lps.append(aux_lp)
+            if sampling.topk_logprobs > 0:
+                t = sampling.temperature if sampling.temperature > 0 else 1.0
+                top_lp, top = F.log_softmax(logits / t, dim=-1).topk(sampling.topk_logprobs, -1)
+                tops.append(top)
+                top_lps.append(top_lp)
             newly = torch.isin(tok, stop) & ~done
             length = torch.where(newly, torch.full_like(length, k + 1), length)
             done |= newly
@@ -299,6 +304,8 @@ class HFPolicy:
         lp_mat = torch.stack(lps, 1).cpu()
         aux_mat = torch.stack(auxes, 1).cpu() if auxes else None
         aux_lp_mat = torch.stack(aux_lps, 1).cpu() if auxes else None
+        top_mat = torch.stack(tops, 1).cpu() if tops else None
+        top_lp_mat = torch.stack(top_lps, 1).cpu() if tops else None
         results = []
         for i in range(b):
             n = int(length[i])
@@ -313,6 +320,8 @@ class HFPolicy:
                     finished=finished,
                     aux_ids=aux_mat[i, :n].clone() if aux_mat is not None else None,
                     aux_logprobs=aux_lp_mat[i, :n].clone() if aux_lp_mat is not None else None,
+                    topk_ids=top_mat[i, :n].clone() if top_mat is not None else None,
+                    topk_logprobs=top_lp_mat[i, :n].clone() if top_lp_mat is not None else None,
                 )
             )
         return results

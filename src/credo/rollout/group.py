@@ -300,11 +300,11 @@ def run_episodes(
         for r, prompt, gen in zip(live, prompts, gens):
             gen_tokens += len(gen.token_ids)
             response, logprobs, text = list(gen.token_ids), gen.logprobs.tolist(), gen.text
-            token_data = (
-                {"aux_ids": gen.aux_ids, "aux_old_logprobs": gen.aux_logprobs}
-                if gen.aux_ids is not None
-                else {}
-            )
+            token_data: dict[str, Any] = {}
+            if gen.aux_ids is not None:  # KLPO's auxiliary draws
+                token_data.update(aux_ids=gen.aux_ids, aux_old_logprobs=gen.aux_logprobs)
+            if gen.topk_ids is not None:  # KLPO's top-K head
+                token_data.update(topk_ids=gen.topk_ids, topk_old_logprobs=gen.topk_logprobs)
             if r.forced is not None:
                 f, r.forced = r.forced, None
                 body = response[:-1] if gen.finished else response

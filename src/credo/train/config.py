@@ -131,6 +131,8 @@ class RolloutConfig:
             (default 100000; tasks are drawn from it each iteration).
         aux_samples: M auxiliary tokens drawn from the sampler at every generated
             position (KLPO; default 0 = none).
+        topk_logprobs: K, the sampler's K most likely tokens and their log-probs stored
+            at every generated position (KLPO's ``kl: topk``; default 0 = none).
         oracle_horizon: K, oracle steps per SERO oracle continuation, an add-on on top
             of any sampler (:mod:`credo.rollout.oracle`; default 0 = off). The env needs
             ``oracle_action()``. The continuations feed ``objective.oracle_coef``'s loss
@@ -160,6 +162,7 @@ class RolloutConfig:
     invalid_penalty: float = 0.0
     train_tasks: int = 100_000
     aux_samples: int = 0
+    topk_logprobs: int = 0
     oracle_horizon: int = 0
     oracle_per_group: int = 2
     oracle_start: str = "all"
@@ -521,6 +524,18 @@ def validate(cfg: Config) -> None:
     for key, (value, valid) in choices.items():
         if value not in valid:
             raise ConfigError(f"{key} must be one of {', '.join(valid)}, got {value!r}")
+    if obj.loss in ("klpo", "klpo_seq"):
+        kl = obj.params.get("kl", "mc")
+        if kl == "topk" and r.topk_logprobs < 1:
+            raise ConfigError(
+                "objective.params.kl=topk needs the sampler's top-K log-probs: set "
+                "rollout.topk_logprobs=K (ALGORITHMS.md §9 uses K = 16)"
+            )
+        if kl == "mc" and r.aux_samples < (2 if obj.loss == "klpo_seq" else 1):
+            raise ConfigError(
+                f"objective.loss={obj.loss} with kl=mc needs auxiliary draws: set "
+                "rollout.aux_samples=M (recipe klpo: 16; klpo_seq needs M ≥ 2)"
+            )
     if obj.oracle_coef > 0 and r.oracle_horizon < 1:
         raise ConfigError(
             f"objective.oracle_coef = {obj.oracle_coef} needs oracle continuations: set "
@@ -560,6 +575,8 @@ def validate(cfg: Config) -> None:
         "sft.noisy_steps": cfg.sft.noisy_steps,
         "rollout.history_turns": cfg.rollout.history_turns,
         "rollout.chat_examples": cfg.rollout.chat_examples,
+        "rollout.aux_samples": cfg.rollout.aux_samples,
+        "rollout.topk_logprobs": cfg.rollout.topk_logprobs,
     }
     for key, value in nonneg.items():
         if value < 0:

@@ -144,7 +144,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
             renderer,
             make_env,
             episodes=episodes,
-            sampling=dataclasses.replace(sampling, aux_samples=0),
+            sampling=dataclasses.replace(sampling, aux_samples=0, topk_logprobs=0),
             max_turns=max_turns,
             seed=cfg.eval.seed,
         )

@@ -124,6 +124,7 @@ def sampling_params(cfg: Config, *, greedy: bool = False, builtin: bool = True) 
         top_p=cfg.rollout.top_p,
         max_new_tokens=max_new_tokens(cfg, builtin=builtin),
         aux_samples=0 if greedy else cfg.rollout.aux_samples,
+        topk_logprobs=0 if greedy else cfg.rollout.topk_logprobs,
     )
 
 

@@ -313,22 +313,32 @@ def policy_update(
                 sub = mb.index(idx).trim()
                 width = sub.input_ids.shape[1]
                 w = weights[idx][:, :width]
-                aux_ids = sub.token_extras.get("aux_ids")
+                # KLPO: the trainer's log-probs of the sampler's auxiliary draws and of its
+                # top-K head tokens, gathered in the same pass ([B, L, M + K])
+                sampler_sets = [n for n in ("aux", "topk") if f"{n}_ids" in sub.token_extras]
+                extra_ids = (
+                    torch.cat([sub.token_extras[f"{n}_ids"] for n in sampler_sets], -1)
+                    if sampler_sets
+                    else None
+                )
                 sc = policy.score(
                     sub.input_ids,
                     sub.attention_mask,
                     temperature=temperature,
                     entropy=True,
                     entropy_grad=obj.entropy_coef > 0,
-                    extra_ids=aux_ids,
+                    extra_ids=extra_ids,
                     scored=sub.response_mask,
                 )
                 extras = {}
-                if aux_ids is not None:  # KLPO: the trainer's log-probs of the sampler's draws
-                    extras["aux_logprobs"] = sc.extra_logprobs
-                    extras["aux_old_logprobs"] = sub.token_extras["aux_old_logprobs"].to(
+                start = 0
+                for n in sampler_sets:
+                    size = sub.token_extras[f"{n}_ids"].shape[-1]
+                    extras[f"{n}_logprobs"] = sc.extra_logprobs[..., start : start + size]
+                    extras[f"{n}_old_logprobs"] = sub.token_extras[f"{n}_old_logprobs"].to(
                         sc.logprobs.device
                     )
+                    start += size
                 mask = sub.loss_mask
                 inputs = LossInputs(
                     logprobs=sc.logprobs,
