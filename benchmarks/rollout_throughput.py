@@ -3,7 +3,10 @@
 Same policy (the default run's warm start), same tasks, greedy decoding so that both
 ways produce the very same episodes; prints env steps/s and generated tokens/s.
 
-    python benchmarks/rollout_throughput.py [--tasks 16] [--group 8]
+    python benchmarks/rollout_throughput.py [--tasks 16] [--group 8] [--policy DIR]
+
+``--policy`` takes any saved policy folder (a run's ``final_policy``, a cached warm start)
+instead of the default run's warm start (trained first if it is not cached).
 """
 
 from __future__ import annotations
@@ -24,9 +27,20 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--policy", default=None, help="a saved policy folder (default: warm start)")
     args = ap.parse_args()
     cfg = load_config("grpo", [f"train.threads={args.threads}"])
-    policy, renderer, make_env, env = warm_policy(cfg)
+    if args.policy is None:
+        policy, renderer, make_env, env = warm_policy(cfg)
+    else:
+        from credo.policy.hf import HFPolicy
+        from credo.train.setup import build_env_factory, configure_runtime, make_run_renderer
+
+        configure_runtime(cfg)
+        make_env = build_env_factory(cfg)
+        env = make_env()
+        policy = HFPolicy.from_pretrained(args.policy)
+        renderer = make_run_renderer(cfg, policy, True, env)
     sampling = sampling_params(cfg, greedy=True)
     max_turns = default_max_turns(cfg, env)
     tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]
