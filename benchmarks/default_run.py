@@ -6,7 +6,9 @@ Prints one table and the median over seeds. Targets (issue 2): ≤ 15 min includ
 warm start, ≤ 10 min cached; warm start in [10 %, 60 %]; trained ≥ warm + 20 points
 (median of 3 seeds).
 
-    python benchmarks/default_run.py [--seeds 0 1 2] [extra key=value overrides]
+    python benchmarks/default_run.py [key=value overrides ...] [--seeds 0 1 2]
+
+(overrides before ``--seeds``: after it, they would be read as seeds)
 """
 
 from __future__ import annotations
