@@ -40,3 +40,17 @@ def warm_policy(cfg: Any) -> tuple[Any, Any, Any, Any]:
     renderer = make_run_renderer(cfg, policy, builtin, env)
     policy, _ = warm_start(cfg, policy, renderer, make_env)
     return policy, renderer, make_env, env
+
+
+def saved_policy(cfg: Any, path: str) -> tuple[Any, Any, Any, Any]:
+    """A saved built-in policy folder (a run's ``final_policy``, a cached warm start) with
+    the renderer and env of ``cfg``: ``(policy, renderer, make_env, env)``."""
+    from credo.policy.hf import HFPolicy
+    from credo.train.setup import build_env_factory, configure_runtime, make_run_renderer
+
+    configure_runtime(cfg)
+    make_env = build_env_factory(cfg)
+    env = make_env()
+    policy = HFPolicy.from_pretrained(path)
+    renderer = make_run_renderer(cfg, policy, True, env)
+    return policy, renderer, make_env, env

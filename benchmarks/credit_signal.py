@@ -25,21 +25,14 @@ import argparse
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
 import torch
-from _common import print_table
+from _common import print_table, saved_policy
 
 from credo.credit import compute_advantages
 from credo.credit.gigpo import gigpo_episode_advantage, gigpo_step_advantage
 from credo.envs.base import Task
-from credo.policy.hf import HFPolicy
 from credo.train.config import load_config
 from credo.train.sampling import sample_rollouts
-from credo.train.setup import (
-    build_env_factory,
-    configure_runtime,
-    default_max_turns,
-    make_run_renderer,
-    sampling_params,
-)
+from credo.train.setup import default_max_turns, sampling_params
 
 ESTIMATORS = ("gigpo", "graph", "graphpo", "tsbpo")
 
@@ -62,11 +55,7 @@ def main() -> None:
             f"train.threads={args.threads}",
         ],
     )
-    configure_runtime(cfg)
-    make_env = build_env_factory(cfg)
-    env = make_env()
-    policy = HFPolicy.from_pretrained(args.policy)
-    renderer = make_run_renderer(cfg, policy, True, env)
+    policy, renderer, make_env, env = saved_policy(cfg, args.policy)
     tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]
     res = sample_rollouts(
         cfg,

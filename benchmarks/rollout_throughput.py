@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import print_table, warm_policy
+from _common import print_table, saved_policy, warm_policy
 
 from credo.envs import Task
 from credo.rollout import sample_groups
@@ -33,14 +33,7 @@ def main() -> None:
     if args.policy is None:
         policy, renderer, make_env, env = warm_policy(cfg)
     else:
-        from credo.policy.hf import HFPolicy
-        from credo.train.setup import build_env_factory, configure_runtime, make_run_renderer
-
-        configure_runtime(cfg)
-        make_env = build_env_factory(cfg)
-        env = make_env()
-        policy = HFPolicy.from_pretrained(args.policy)
-        renderer = make_run_renderer(cfg, policy, True, env)
+        policy, renderer, make_env, env = saved_policy(cfg, args.policy)
     sampling = sampling_params(cfg, greedy=True)
     max_turns = default_max_turns(cfg, env)
     tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]

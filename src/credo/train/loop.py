@@ -154,19 +154,11 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     lora = cfg.model.lora is not None
     warm_info_path = run_dir / "warmstart.json"
     warm_eval: EvalResult | None = None
-    if ckpt is not None and lora and cfg.sft.enabled:
-        # A LoRA checkpoint holds the adapters only: rebuild their base, the warm start
-        # (from the cache; recomputed identically if the cache was cleared).
-        with progress.phase("warm start (SFT) as the base of the adapters") as tick:
-            policy, _ = warm_start(
-                cfg,
-                policy,
-                renderer,
-                make_env,
-                on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}"),
-            )
-    if ckpt is None and cfg.sft.enabled:
-        with progress.phase("warm start (SFT)") as tick:
+    # A LoRA checkpoint holds the adapters only: on resume the warm start is rebuilt as
+    # their base (from the cache; recomputed identically if the cache was cleared).
+    if cfg.sft.enabled and (ckpt is None or lora):
+        phase = "warm start (SFT)" if ckpt is None else "warm start (SFT) as the adapters' base"
+        with progress.phase(phase) as tick:
             policy, ws = warm_start(
                 cfg,
                 policy,
@@ -174,6 +166,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
                 make_env,
                 on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}"),
             )
+    if ckpt is None and cfg.sft.enabled:
         eval_name = f"eval-{_eval_key(cfg, ws.key, builtin)}.json"
         eval_cache = cache_dir() / "warmstart" / ws.key / eval_name
         if eval_cache.exists():
