@@ -35,6 +35,11 @@ def test_number_tokens_get_a_value_code() -> None:
     # cos(π·0.5·v/100) decreases with v: the code orders the numbers
     assert emb[vocab["35"], 0] > emb[vocab["40"], 0] > emb[vocab["95"], 0]
     assert torch.allclose(emb[vocab["40"], :w].norm(), torch.tensor(len(NUMBER_FREQUENCIES) ** 0.5))
+    # the high frequencies tell small numbers (result ranks) apart: every pair of codes of
+    # 1..5 is at least one unit apart (with frequencies up to 4 only, the closest pair was 0.14 apart)
+    codes = torch.stack([emb[vocab[str(k)], :w] for k in range(1, 6)])
+    gaps = torch.cdist(codes, codes) + torch.eye(5) * 9
+    assert gaps.min() > 1.0
 
 
 def test_save_and_reload_give_the_same_model(tmp_path) -> None:

@@ -10,6 +10,11 @@ pretrained LM knows that 35 < 40; a model trained from scratch on a CPU must oth
 discover the order of every number token from indirect evidence, which we measured to
 take far longer than the rest of the warm start (clicking the in-budget item stayed at
 chance, 1/3, after 2500 SFT steps without the code; 98 % after 1500 steps with it).
+The frequencies run from 0.5 (monotone over 0..100: the order of prices) to 32 (one
+step of 0.32π per unit: the small numbers, such as result ranks, get distinct codes
+instead of nearly the same one). With only the low frequencies (0.5..4) the copy skills
+(search query, size) appeared after 750–2000 clean SFT steps depending on the seed; with
+the full range, by step 1000 for both seeds we probed (1 and 2).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from credo.policy.tokenizer import build_word_tokenizer
 __all__ = ["NUMBER_FREQUENCIES", "TinyModelConfig", "create_tiny_policy", "init_number_embeddings"]
 
 #: Frequencies (in units of π per 100) of the value code given to number tokens.
-NUMBER_FREQUENCIES = (0.5, 1.0, 2.0, 4.0)
+NUMBER_FREQUENCIES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 @dataclass

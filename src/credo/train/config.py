@@ -278,13 +278,16 @@ class SFTConfig:
         enabled: run the warm start (default true; the env needs ``oracle_action``).
         episodes: clean demonstration episodes (default 8000).
         steps: optimizer steps on clean demonstrations (default 2500: on `shop` the
-            held-out success of the clean phase still climbs up to ~2000 steps).
+            clean phase has every skill, at 97–100 % greedy accuracy per page, by step
+            1500–2000 for the seeds we probed).
         noisy_episodes: ε-noisy demonstration episodes (default 3000).
         noisy_steps: further steps on the noisy demonstrations (default 300).
         epsilon: probability of a random plausible action in a noisy demonstration
             (default 0.3).
         batch_size: rows per step (default 32).
-        lr: peak learning rate (default 3e-3), cosine-decayed.
+        lr: peak learning rate (default 1e-3), cosine-decayed. At 3e-3 the clean phase
+            was unstable: loss spikes undid skills it had learned, and whether the
+            warm start could click the in-budget item depended on the seed.
         noisy_lr: learning rate of the noisy phase (default 1e-3).
         cache: reuse a warm start with the same config hash from the cache folder
             (``$CREDO_CACHE`` or ``~/.cache/credo``; default true).
@@ -297,7 +300,7 @@ class SFTConfig:
     noisy_steps: int = 300
     epsilon: float = 0.3
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 1e-3
     noisy_lr: float = 1e-3
     cache: bool = True
 
