@@ -23,8 +23,11 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     Console().print(table)
 
 
-def warm_policy(cfg: Any) -> tuple[Any, Any, Any, Any]:
-    """The default run's warm-start policy (trained once, then from the cache)."""
+def warm_policy(cfg: Any, path: str | None = None) -> tuple[Any, Any, Any, Any]:
+    """``(policy, renderer, make_env, env)`` for ``cfg``: the default run's warm-start
+    policy (trained once, then from the cache), or with ``path`` a saved built-in policy
+    folder (a run's ``final_policy``, a cached warm start)."""
+    from credo.policy.hf import HFPolicy
     from credo.train.setup import (
         build_env_factory,
         build_policy,
@@ -36,21 +39,10 @@ def warm_policy(cfg: Any) -> tuple[Any, Any, Any, Any]:
     configure_runtime(cfg)
     make_env = build_env_factory(cfg)
     env = make_env()
+    if path is not None:
+        policy = HFPolicy.from_pretrained(path)
+        return policy, make_run_renderer(cfg, policy, True, env), make_env, env
     policy, builtin = build_policy(cfg, env, make_env)
     renderer = make_run_renderer(cfg, policy, builtin, env)
     policy, _ = warm_start(cfg, policy, renderer, make_env)
-    return policy, renderer, make_env, env
-
-
-def saved_policy(cfg: Any, path: str) -> tuple[Any, Any, Any, Any]:
-    """A saved built-in policy folder (a run's ``final_policy``, a cached warm start) with
-    the renderer and env of ``cfg``: ``(policy, renderer, make_env, env)``."""
-    from credo.policy.hf import HFPolicy
-    from credo.train.setup import build_env_factory, configure_runtime, make_run_renderer
-
-    configure_runtime(cfg)
-    make_env = build_env_factory(cfg)
-    env = make_env()
-    policy = HFPolicy.from_pretrained(path)
-    renderer = make_run_renderer(cfg, policy, True, env)
     return policy, renderer, make_env, env

@@ -25,7 +25,7 @@ import argparse
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
 import torch
-from _common import print_table, saved_policy
+from _common import print_table, warm_policy
 
 from credo.credit import compute_advantages
 from credo.credit.gigpo import gigpo_episode_advantage, gigpo_step_advantage
@@ -55,7 +55,7 @@ def main() -> None:
             f"train.threads={args.threads}",
         ],
     )
-    policy, renderer, make_env, env = saved_policy(cfg, args.policy)
+    policy, renderer, make_env, env = warm_policy(cfg, args.policy)
     tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]
     res = sample_rollouts(
         cfg,

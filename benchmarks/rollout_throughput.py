@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import print_table, saved_policy, warm_policy
+from _common import print_table, warm_policy
 
 from credo.envs import Task
 from credo.rollout import sample_groups
@@ -30,10 +30,7 @@ def main() -> None:
     ap.add_argument("--policy", default=None, help="a saved policy folder (default: warm start)")
     args = ap.parse_args()
     cfg = load_config("grpo", [f"train.threads={args.threads}"])
-    if args.policy is None:
-        policy, renderer, make_env, env = warm_policy(cfg)
-    else:
-        policy, renderer, make_env, env = saved_policy(cfg, args.policy)
+    policy, renderer, make_env, env = warm_policy(cfg, args.policy)
     sampling = sampling_params(cfg, greedy=True)
     max_turns = default_max_turns(cfg, env)
     tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]
