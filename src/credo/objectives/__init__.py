@@ -14,6 +14,7 @@ from credo.objectives.aggregation import (
     register_aggregation,
     validate_aggregation,
 )
+from credo.objectives.entropy import entropy_bonus
 from credo.objectives.inputs import LossInputs
 from credo.objectives.kl import (
     KL_ESTIMATORS,
@@ -25,7 +26,14 @@ from credo.objectives.kl import (
     kl_topk,
 )
 from credo.objectives.ratios import RATIO_LEVELS, log_ratio
-from credo.objectives.registry import LOSSES, get_loss, loss_names, register_loss, validate_loss
+from credo.objectives.registry import (
+    LOSSES,
+    get_loss,
+    loss_names,
+    loss_requirements,
+    register_loss,
+    validate_loss,
+)
 from credo.objectives.sero import (
     WEIGHT_MODES,
     action_logprobs,
@@ -43,6 +51,7 @@ __all__ = [
     "action_logprobs",
     "aggregate",
     "aggregation_weights",
+    "entropy_bonus",
     "get_loss",
     "kl_binary",
     "kl_diagnostics",
@@ -52,6 +61,7 @@ __all__ = [
     "kl_topk",
     "log_ratio",
     "loss_names",
+    "loss_requirements",
     "reachability_log_weights",
     "register_aggregation",
     "register_loss",

@@ -5,6 +5,11 @@ A policy loss is a pure function ``fn(inputs: LossInputs, *, knob=default, ...) 
 ``loss/...`` or ``policy/...``. Both must be *additive over micro-batches*: computed as
 ``Σ w·x`` with the aggregation weights in ``inputs.weights``, so the trainer can sum
 them over the micro-batches of one mini-batch.
+
+A loss that needs something from the sampler (KLPO's auxiliary draws) declares it when it
+registers, as ``requires(params, rollout) -> str | None``: given the loss's params and
+the run's rollout settings, the message that says what is missing and how to set it, or
+``None``. The config check calls it at load time, before any compute.
 """
 
 from __future__ import annotations
@@ -16,15 +21,43 @@ import torch
 
 from credo.utils.registry import Registry, check_kwargs
 
-__all__ = ["LOSSES", "PolicyLoss", "get_loss", "loss_names", "register_loss", "validate_loss"]
+__all__ = [
+    "LOSSES",
+    "PolicyLoss",
+    "Requirement",
+    "get_loss",
+    "loss_names",
+    "loss_requirements",
+    "register_loss",
+    "validate_loss",
+]
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+#: ``requires(params, rollout) -> message | None`` (see the module docstring).
+Requirement = Callable[[Mapping[str, Any], Any], "str | None"]
 LOSSES: Registry[PolicyLoss] = Registry("loss")
 
 
-def register_loss(name: str, **meta: Any) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator: make ``fn`` available as ``objective.loss: <name>`` in configs."""
-    return LOSSES.register(name, **meta)
+def _nothing_required(params: Mapping[str, Any], rollout: Any) -> None:
+    return None
+
+
+def register_loss(
+    name: str, *, requires: Requirement | None = None
+) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: make ``fn`` available as ``objective.loss: <name>`` in configs.
+
+    Args:
+        name: the config name.
+        requires: what the loss needs from the run's settings (see the module
+            docstring); ``None``: nothing.
+    """
+    return LOSSES.register(name, requires=requires or _nothing_required)
+
+
+def loss_requirements(name: str) -> Requirement:
+    """The ``requires`` check loss ``name`` registered (a no-op if none)."""
+    return LOSSES.meta(name)["requires"]
 
 
 def get_loss(name: str) -> PolicyLoss:
