@@ -18,14 +18,7 @@ import torch
 from credo.credit import compute_advantages
 from credo.data import RolloutForest
 from credo.envs.base import Task
-from credo.rollout import (
-    RolloutResult,
-    add_oracle_continuations,
-    oracle_batch,
-    sample,
-    sampler_params,
-    split_oracle,
-)
+from credo.rollout import RolloutResult, oracle_batch, split_oracle
 from credo.train.run import Run
 from credo.train.state import TrainState
 from credo.train.update import UpdateContext, kl_reward_penalty_rows, policy_update
@@ -50,23 +43,13 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     ids = rng.choice(r.train_tasks, size=r.tasks_per_iter, replace=False)
     tasks = [Task.make("train", int(i)) for i in ids]
     # 2. sampler → forest (SERO's oracle continuations ride on top of any sampler)
-    ctx = run.sampler_context(
+    rollout = run.rollouts(
         state.policy,
+        tasks,
         generator=torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it, _SAMPLING)),
         choice_seed=iteration_seed(cfg.train.seed, it, _CHOICES),
+        state=state.sampler_state,
     )
-    params = sampler_params(r.sampler, r.sampler_params)
-    rollout = sample(
-        r.sampler, ctx, tasks, group_size=r.group_size, params=params, state=state.sampler_state
-    )
-    if r.oracle_horizon > 0:
-        rollout = add_oracle_continuations(
-            rollout,
-            ctx,
-            horizon=r.oracle_horizon,
-            per_group=r.oracle_per_group,
-            start=r.oracle_start,
-        )
     forest, oracle_rows = split_oracle(rollout.forest)  # oracle rows: no credit, no RL loss
     update = UpdateContext(state.policy, state.optimizer, cfg, state.reference)
     if cfg.objective.kl_reward_coef > 0:  # KL to the reference as a cost in the reward

@@ -25,7 +25,13 @@ from credo.policy.hf import HFPolicy
 from credo.policy.lora import apply_lora
 from credo.policy.tiny import create_tiny_policy
 from credo.policy.tokenizer import split_words
-from credo.rollout import SamplerContext
+from credo.rollout import (
+    RolloutResult,
+    SamplerContext,
+    add_oracle_continuations,
+    sample,
+    sampler_params,
+)
 from credo.rollout.render import PLAIN_WORDS, Renderer, make_renderer, oracle_examples
 from credo.train.config import Config
 
@@ -96,6 +102,32 @@ class Run:
             on_divergence=r.on_restore_divergence,
             keep_snapshots=r.oracle_horizon > 0,
         )
+
+    def rollouts(
+        self,
+        policy: HFPolicy,
+        tasks: list[Task],
+        *,
+        generator: torch.Generator | None,
+        choice_seed: int = 0,
+        state: Any = None,
+    ) -> RolloutResult:
+        """``tasks`` sampled with the configured sampler (``rollout.sampler`` and its
+        ``sampler_params``; ``state``: its state across iterations), plus SERO's oracle
+        continuations when ``rollout.oracle_horizon`` > 0."""
+        r = self.cfg.rollout
+        ctx = self.sampler_context(policy, generator=generator, choice_seed=choice_seed)
+        params = sampler_params(r.sampler, r.sampler_params)
+        result = sample(r.sampler, ctx, tasks, group_size=r.group_size, params=params, state=state)
+        if r.oracle_horizon > 0:
+            result = add_oracle_continuations(
+                result,
+                ctx,
+                horizon=r.oracle_horizon,
+                per_group=r.oracle_per_group,
+                start=r.oracle_start,
+            )
+        return result
 
     def evaluate(
         self, policy: HFPolicy | None = None, *, episodes: int | None = None, greedy: bool = False

@@ -8,6 +8,7 @@
   function per section, before any compute.
 """
 
+from credo.train.config.errors import ConfigError
 from credo.train.config.recipes import (
     RECIPES_DIR,
     apply_overrides,
@@ -17,7 +18,6 @@ from credo.train.config.recipes import (
 )
 from credo.train.config.schema import (
     Config,
-    ConfigError,
     CreditConfig,
     EnvConfig,
     EvalConfig,

@@ -18,6 +18,7 @@ from typing import Any
 
 from credo.policy.lora import LoRAConfig
 from credo.policy.tiny import TinyModelConfig
+from credo.train.config.errors import ConfigError
 
 __all__ = [
     "Config",
@@ -32,10 +33,6 @@ __all__ = [
     "SFTConfig",
     "TrainConfig",
 ]
-
-
-class ConfigError(ValueError):
-    """A config value, key or name is wrong; the message says what is accepted."""
 
 
 @dataclass

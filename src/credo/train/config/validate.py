@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from credo.train.config.schema import Config, ConfigError
+from credo.train.config.errors import ConfigError
 from credo.utils.registry import unknown_name_message
+
+if TYPE_CHECKING:
+    from credo.train.config.schema import Config
 
 __all__ = ["validate"]
 
