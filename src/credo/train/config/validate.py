@@ -49,6 +49,17 @@ def _in_range(key: str, value: float, low: float, high: float, *, open_low: bool
         raise ConfigError(f"{key} must be in {bracket}{low:g}, {high:g}], got {value}")
 
 
+def _registered(registry: Any, name: str, params_key: str, check: Callable[[], None]) -> None:
+    """``name`` is in ``registry`` ("did you mean" otherwise) and ``check()`` accepts its
+    knobs (the error then names ``params_key``)."""
+    if name not in registry:
+        raise ConfigError(unknown_name_message(registry.kind, name, registry.names()))
+    try:
+        check()
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{params_key}: {e}") from None
+
+
 def _env(cfg: Config) -> None:
     from credo.envs.base import ENVS, env_names, resolve_env
 
@@ -130,12 +141,9 @@ def _credit(cfg: Config) -> None:
     from credo.credit import ESTIMATORS, estimator_state_factory, validate_estimator
 
     c = cfg.credit
-    if c.estimator not in ESTIMATORS:
-        raise ConfigError(unknown_name_message(ESTIMATORS.kind, c.estimator, ESTIMATORS.names()))
-    try:
-        validate_estimator(c.estimator, c.params)
-    except ValueError as e:
-        raise ConfigError(f"credit.params: {e}") from None
+    _registered(
+        ESTIMATORS, c.estimator, "credit.params", lambda: validate_estimator(c.estimator, c.params)
+    )
     _choice("credit.seed_graph", c.seed_graph, ("empty", "demonstrations", "teacher"))
     if estimator_state_factory(c.estimator) is None and (c.state or c.seed_graph != "empty"):
         raise ConfigError(
@@ -161,12 +169,7 @@ def _objective(cfg: Config) -> None:
     )
 
     obj = cfg.objective
-    if obj.loss not in LOSSES:
-        raise ConfigError(unknown_name_message(LOSSES.kind, obj.loss, LOSSES.names()))
-    try:
-        validate_loss(obj.loss, obj.params)
-    except ValueError as e:
-        raise ConfigError(f"objective.params: {e}") from None
+    _registered(LOSSES, obj.loss, "objective.params", lambda: validate_loss(obj.loss, obj.params))
     missing = loss_requirements(obj.loss)(obj.params, cfg.rollout)
     if missing:
         raise ConfigError(missing)
