@@ -5,6 +5,7 @@ imports only for type checking excluded)."""
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "credo"
@@ -102,7 +103,7 @@ def test_no_module_imports_itself_back() -> None:
         if m not in state:
             visit(m)
     # a package's __init__ re-exporting its modules is not a cycle of logic
-    real = [c for c in cycles if not any(_is_reexport(a, b) for a, b in zip(c, c[1:]))]
+    real = [c for c in cycles if not any(_is_reexport(a, b) for a, b in itertools.pairwise(c))]
     assert not real, "\n".join(" -> ".join(c) for c in real)
 
 
