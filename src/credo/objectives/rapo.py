@@ -1,6 +1,7 @@
 """RAPO: profile–token mutual-information weights on the PPO surrogate. [recon]
 
-Reconstruction from the summary (ALGORITHMS.md §14; no public code): a frozen reference
+Reconstruction (``docs/algorithms.md#rapo``; paper: Xu et al. 2026,
+https://arxiv.org/abs/2606.27025; no public code): a frozen reference
 model scores every response token twice, with and without the user/role profile in the
 prompt; the difference
 

@@ -1,7 +1,7 @@
 """Oracle continuations for SERO: the env's oracle, run from states the policy reached.
 [recon]
 
-SERO (ALGORITHMS.md §10; summary in ``shared/seeds/000_*.txt``) adds supervised
+SERO (``docs/algorithms.md#sero``) adds supervised
 signal from a training-time oracle without touching the RL part: from states the
 policy actually reached, restore the env and let its ``oracle_action()`` act for K
 steps; keep the continuation only if it executes. The auxiliary loss

@@ -1,6 +1,6 @@
 """Resample sampler for AXPO: re-sample the tool calls of all-failed groups. [page; recon]
 
-AXPO (Kang et al. 2026, https://arxiv.org/abs/2605.28774; ALGORITHMS.md §7) targets
+AXPO (Kang et al. 2026, https://arxiv.org/abs/2605.28774; docs/algorithms.md#axpo) targets
 *tool collapse*: many groups that use tools fail entirely and give GRPO no signal. After
 an ordinary group rollout (:func:`~credo.rollout.group.sample_groups`, G episodes per
 task), for every **all-failed** group (no episode succeeded) that has **tool-call steps**

@@ -1,7 +1,7 @@
 """Tree sampler for TSBPO: roots, then branches restarted from env snapshots. [recon]
 
-TSBPO ("tree-structured branch policy optimisation", ALGORITHMS.md §5; known to credo
-from the summary in ``shared/seeds/003_*.txt``) samples each task as a physical tree:
+TSBPO ("tree-structured branch policy optimisation", ``docs/algorithms.md#tsbpo``;
+known to credo only from a summary of the paper) samples each task as a physical tree:
 a budget of B env-episodes (leaves) per task is split between N_root independent root
 episodes and B − N_root branches, each restarted from an env snapshot at a chosen node
 and run to the end. A branch shares its prefix: its rows hang under the prefix's rows
