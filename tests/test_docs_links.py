@@ -34,21 +34,6 @@ IN_PAGE_LINK = re.compile(r"\]\(#([^)\s]+)\)")
 #: Files in the lead's area (``src/credo/train/``, ``src/credo/cli.py``, being refactored)
 #: that still name the old references. Each is an expected failure; once a file is fixed
 #: its test passes unexpectedly (strict), which says: delete it from this list.
-PENDING_LEAD = (
-    "src/credo/train/config.py",
-    "src/credo/train/recipes/axpo.yaml",
-    "src/credo/train/recipes/dr_grpo.yaml",
-    "src/credo/train/recipes/gigpo.yaml",
-    "src/credo/train/recipes/graph.yaml",
-    "src/credo/train/recipes/graphpo.yaml",
-    "src/credo/train/recipes/grpo.yaml",
-    "src/credo/train/recipes/hpo.yaml",
-    "src/credo/train/recipes/klpo.yaml",
-    "src/credo/train/recipes/proas.yaml",
-    "src/credo/train/recipes/rloo.yaml",
-    "src/credo/train/recipes/sero.yaml",
-    "src/credo/train/recipes/tsbpo.yaml",
-)
 
 
 def scanned_files() -> list[Path]:
@@ -177,7 +162,6 @@ def test_no_reference_outside_the_repository() -> None:
         dict.fromkeys(  # one entry per line, however many matches it has
             f"{_rel(path)}:{i}: {line.strip()}"
             for path in scanned_files()
-            if _rel(path) not in PENDING_LEAD
             for i, line, _ in matches(path, OUTSIDE_REFERENCE)
         )
     )
@@ -185,25 +169,6 @@ def test_no_reference_outside_the_repository() -> None:
         "these lines point outside the repository; link a section of docs/algorithms.md "
         "instead (e.g. docs/algorithms.md#gigpo):\n" + "\n".join(hits)
     )
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="lead's area (src/credo/train, cli.py): still names the old references",
-            ),
-        )
-        for name in PENDING_LEAD
-    ],
-)
-def test_pending_lead_file(name: str) -> None:
-    path = ROOT / name
-    hits = matches(path, OUTSIDE_REFERENCE) if path.is_file() else []
-    assert not hits, "\n".join(f"{name}:{i}: {line.strip()}" for i, line, _ in hits)
 
 
 def test_algorithm_links_name_existing_headings() -> None:
