@@ -306,3 +306,23 @@ def test_sanitisers_and_context_cache(tmp_path) -> None:
     assert again.get("shop/train/1") == ["a", "c"] and again.max_per_task == 2
     with pytest.raises(ValueError, match="cannot read it"):
         ContextCache.load(tmp_path / "missing.json")
+
+
+def test_env_privileged_context_reaches_the_teacher_prompt() -> None:
+    from credo.envs.base import Task, privileged_context
+
+    env = ShopEnv()
+    obs = env.reset(Task.make("train", 3), 0)
+    key = env.state_key()
+    hint = privileged_context(env, "oracle")
+    assert hint == env.oracle_action() and hint.startswith("search[")
+    assert env.state_key() == key  # asking changes nothing
+    assert privileged_context(env, "feedback") is None
+    assert privileged_context(object(), "oracle") is None
+    policy = _policy()
+    ids = privileged_prompt_ids(PlainRenderer(policy.tokenizer), env.instruction(), [], obs, hint)
+    assert policy.tokenizer.unk_token_id not in ids  # every word of the hint is known
+    done = env.step(hint).done
+    while not done:  # invalid or useless actions until the turn limit ends the episode
+        done = env.step("back").done
+    assert privileged_context(env, "oracle") is None
