@@ -42,8 +42,9 @@ Extras read from ``inputs.extras`` (``[B, L]`` aligned with ``inputs.logprobs``)
   ``student_topk_logprobs`` ``[B, L, K]``: the trainer's log-probs of the *same* ids (with
   grad; :meth:`credo.policy.HFPolicy.score` with ``extra_ids`` = the teacher's head ids)
   (``topk``).
-- ``teacher_row_mask`` ``[B]`` bool (optional): rows that have a teacher signal (the
-  others get no distillation term; their aggregation weight is not redistributed).
+- ``teacher_row_mask`` ``[B]`` (or ``[B, L]``) bool (optional): rows (tokens) that have a
+  teacher signal (the others get no distillation term; their aggregation weight is not
+  redistributed).
 """
 
 from __future__ import annotations
@@ -149,14 +150,18 @@ def reverse_kl_sampled(
 
 
 def distill_mask(inputs: LossInputs) -> torch.Tensor:
-    """``[B, L]`` bool: loss tokens of rows with a teacher signal (``teacher_row_mask``)."""
+    """``[B, L]`` bool: loss tokens of rows with a teacher signal (``teacher_row_mask``,
+    ``[B]`` per row or ``[B, L]`` per token)."""
     m = inputs.mask
     rows = inputs.extras.get("teacher_row_mask")
     if rows is None:
         return m
+    if rows.shape == m.shape:  # given per token (e.g. carried in TokenBatch.token_extras)
+        return m & rows.bool()
     if rows.shape != m.shape[:1]:
         raise ValueError(
-            f"extras['teacher_row_mask'] must be [B] = [{m.shape[0]}], got {list(rows.shape)}"
+            f"extras['teacher_row_mask'] must be [B] = [{m.shape[0]}] (or [B, L]), got "
+            f"{list(rows.shape)}"
         )
     return m & rows.bool()[:, None]
 

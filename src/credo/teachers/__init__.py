@@ -7,6 +7,7 @@ Used by on-policy distillation (``opd``), OPRD, MT-SDPO and Rényi OPSD
 from credo.teachers.base import Teacher, TeacherCost, TeacherRows, TeacherScores
 from credo.teachers.context_cache import ContextCache
 from credo.teachers.ema import EMATeacher
+from credo.teachers.extras import attach_teacher_scores, teacher_extra_ids, teacher_loss_extras
 from credo.teachers.loading import (
     check_teacher_folder,
     check_tokenizers,
@@ -38,6 +39,7 @@ __all__ = [
     "TeacherCost",
     "TeacherRows",
     "TeacherScores",
+    "attach_teacher_scores",
     "check_teacher_folder",
     "check_tokenizers",
     "load_teacher_policy",
@@ -49,6 +51,8 @@ __all__ = [
     "resolve_policy_folder",
     "sanitise",
     "score_with_policy",
+    "teacher_extra_ids",
+    "teacher_loss_extras",
     "teacher_names",
     "validate_teacher",
 ]
