@@ -403,3 +403,54 @@ def test_renyi_opsd_loss() -> None:
         ValueError, match="teacher gives 4 log-probs per position but the student 3"
     ):
         get_loss("renyi_opsd")(_inputs([[-1.0, -1.0, 0.0]], mask=mask, extras=extras))
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("opd", {}),
+        ("opd", {"estimator": "k1", "rl_coef": 1.0}),
+        ("opd", {"estimator": "k3"}),
+        ("mt_sdpo", {"beta": 0.3}),
+        ("renyi_opsd", {"alpha": 0.3, "rho": 1.5}),
+        ("renyi_opsd", {"alpha": 0.7, "rho": 0.5, "rl_coef": 0.5}),
+    ],
+)
+def test_distill_losses_add_up_over_micro_batches(name: str, kwargs: dict) -> None:
+    """Whole-batch weights: the loss and its gradient split exactly over row subsets."""
+    g = torch.Generator().manual_seed(3)
+    b, length, k = 4, 5, 3
+    mask = torch.rand(b, length, generator=g) < 0.7
+    mask[:, 0] = True
+    lp = -torch.rand(b, length, generator=g, dtype=D) - 0.1
+    old = lp + 0.1 * torch.randn(b, length, generator=g, dtype=D)
+    z = torch.randn(b, length, 6, generator=g, dtype=D)
+    ep, turn = torch.arange(b), torch.zeros(b, dtype=torch.long)
+    w = aggregation_weights(mask, "token-mean", episode=ep, turn=turn).to(D)
+    adv = torch.randn(b, 1, generator=g, dtype=D).expand(b, length)
+    teacher = torch.log_softmax(torch.randn(b, length, 6, generator=g, dtype=D), -1)
+    extras = {
+        "teacher_logprobs": -torch.rand(b, length, generator=g, dtype=D),
+        "teacher_topk_logprobs": teacher[..., :k],
+        "ref_topk_logprobs": torch.log_softmax(torch.randn(b, length, k, generator=g, dtype=D), -1),
+        "teacher_row_mask": torch.tensor([True, True, False, True]),
+    }
+
+    def run(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lp_leaf = lp[rows].clone().requires_grad_()
+        z_leaf = z[rows].clone().requires_grad_()
+        ex = {key: v[rows] for key, v in extras.items()}
+        ex["student_topk_logprobs"] = torch.log_softmax(z_leaf, -1)[..., :k]
+        inp = LossInputs(lp_leaf, old[rows], adv[rows], mask[rows], w[rows], ep[rows], turn[rows],
+                         extras=ex)  # fmt: skip
+        loss, _ = get_loss(name)(inp, **kwargs)
+        loss.backward()
+        grads = [x.grad if x.grad is not None else torch.zeros_like(x) for x in (lp_leaf, z_leaf)]
+        return loss.detach(), grads[0], grads[1]
+
+    whole = run(torch.arange(b))
+    parts = [run(torch.tensor([0, 2])), run(torch.tensor([1, 3]))]
+    assert (parts[0][0] + parts[1][0]).item() == pytest.approx(whole[0].item(), abs=1e-12)
+    for i in (1, 2):
+        torch.testing.assert_close(whole[i][[0, 2]], parts[0][i])
+        torch.testing.assert_close(whole[i][[1, 3]], parts[1][i])
