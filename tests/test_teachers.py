@@ -376,3 +376,63 @@ def test_opd_pieces_move_the_student_toward_the_teacher(topk: int, full: bool) -
         # a top-K head matches the head and the tail's total mass only, not the tail's
         # shape: with a flat random teacher the exact KL barely moves, but never rises
         assert after <= before, (before, after)
+
+
+def test_anchor_texts_from_a_context_choice() -> None:
+    from credo.objectives import select_contexts
+    from credo.teachers import anchor_texts
+
+    group = torch.tensor([0, 0, 1, 2])
+    success = torch.tensor([True, False, False, False])
+    choice = select_contexts(group, success, external_group=torch.tensor([1]))
+    actions = [["search[red shirt]", "click[1]", "buy"], ["back"], ["search[hat]"], ["buy"]]
+    texts = anchor_texts(
+        choice.source, choice.index, actions, ["search[blue hat]"], sanitiser="shop"
+    )
+    # sample 1 anchors on sample 0 (sanitised: only its search), sample 2 takes the
+    # external context, samples 0 (the only success) and 3 get none
+    assert texts == [None, "search[red shirt]", "search[blue hat]", None]
+    with pytest.raises(ValueError, match="external context 0 does not exist"):
+        anchor_texts(choice.source, choice.index, actions, [])
+
+
+def test_renyi_pieces_with_a_self_teacher_and_a_frozen_reference() -> None:
+    """Self-teacher with a hint (full distribution) + frozen reference on the same ids →
+    ``renyi_opsd``: the divergence to the fixed target q_α falls."""
+    from credo.objectives import LossInputs, aggregation_weights, get_loss
+    from credo.teachers import attach_teacher_scores, teacher_extra_ids, teacher_loss_extras
+
+    torch.manual_seed(0)
+    student = _policy(seed=12)
+    # the reference is usually the frozen start of the student; another model here, so
+    # that the target q_α starts far from the student
+    reference = PolicyTeacher(_policy(seed=13))
+    rows, _, _ = _rows(student)
+    renderer = PlainRenderer(student.tokenizer)
+    hint = privileged_prompts(renderer, [("red shirt", [], "home")] * 3, ["click [ 2 ]"] * 3)
+    batch = _batch(rows)
+    teacher_rows = TeacherRows(rows.input_ids, rows.attention_mask, rows.response_mask, hint)
+    attach_teacher_scores(batch, SelfTeacher(student).score(teacher_rows, full=True))
+    attach_teacher_scores(batch, reference.score(rows, full=True), prefix="ref", head_only=True)
+    assert set(batch.token_extras) == {
+        "teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs", "ref_topk_logprobs"
+    }  # fmt: skip
+    opt = torch.optim.Adam(student.model.parameters(), lr=1e-2)
+    values = []
+    for _ in range(15):
+        sc = student.score(
+            batch.input_ids, batch.attention_mask, extra_ids=teacher_extra_ids(batch.token_extras)
+        )
+        mask = batch.response_mask
+        w = aggregation_weights(mask, "token-mean", episode=batch.episode, turn=batch.turn)
+        extras = teacher_loss_extras(batch.token_extras, sc.extra_logprobs)
+        inputs = LossInputs(
+            sc.logprobs, sc.logprobs.detach(), torch.zeros_like(sc.logprobs), mask, w,
+            batch.episode, batch.turn, extras=extras,
+        )  # fmt: skip
+        loss, metrics = get_loss("renyi_opsd")(inputs, alpha=0.5, rho=2.0)
+        values.append(float(metrics["distill/renyi"]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert values[-1] < 0.5 * values[0], values

@@ -4,6 +4,7 @@ Used by on-policy distillation (``opd``), OPRD, MT-SDPO and Rényi OPSD
 (:mod:`credo.objectives`). Depends on :mod:`credo.data` and :mod:`credo.policy` only.
 """
 
+from credo.teachers.anchors import anchor_texts
 from credo.teachers.base import Teacher, TeacherCost, TeacherRows, TeacherScores
 from credo.teachers.context_cache import ContextCache
 from credo.teachers.ema import EMATeacher
@@ -39,6 +40,7 @@ __all__ = [
     "TeacherCost",
     "TeacherRows",
     "TeacherScores",
+    "anchor_texts",
     "attach_teacher_scores",
     "check_teacher_folder",
     "check_tokenizers",
