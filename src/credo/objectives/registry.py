@@ -28,6 +28,7 @@ __all__ = [
     "get_loss",
     "loss_names",
     "loss_requirements",
+    "needs_teacher_scores",
     "register_loss",
     "validate_loss",
 ]
@@ -40,6 +41,16 @@ LOSSES: Registry[PolicyLoss] = Registry("loss")
 
 def _nothing_required(params: Mapping[str, Any], rollout: Any) -> None:
     return None
+
+
+def needs_teacher_scores(params: Mapping[str, Any], rollout: Any) -> str:
+    """The requirement of the distillation losses (``opd``, ``mt_sdpo``, ``renyi_opsd``)
+    until the trainer scores rollouts with a teacher: refuse them at config load."""
+    return (
+        "the distillation losses (opd, mt_sdpo, renyi_opsd) need a teacher's scores in "
+        "inputs.extras, which `credo train` does not compute yet; call them directly "
+        "(credo.objectives, with credo.teachers for the scores)"
+    )
 
 
 def register_loss(
