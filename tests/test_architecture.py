@@ -19,8 +19,19 @@ ALLOWED: dict[str, set[str]] = {
     "credit": {"data", "utils"},
     "objectives": {"data", "utils"},
     "rollout": {"data", "envs", "policy", "utils"},
+    "teachers": {"data", "policy", "utils"},
     "eval": {"data", "envs", "policy", "rollout", "utils"},
-    "train": {"data", "envs", "policy", "rollout", "credit", "objectives", "eval", "utils"},
+    "train": {
+        "data",
+        "envs",
+        "policy",
+        "rollout",
+        "credit",
+        "objectives",
+        "teachers",
+        "eval",
+        "utils",
+    },
     "cli": {"train", "eval", "envs", "utils"},
 }
 

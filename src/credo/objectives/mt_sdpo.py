@@ -1,6 +1,6 @@
 """MT-SDPO: verified multi-teacher self-distillation on top of GRPO. [recon]
 
-Reconstruction from the summary (ALGORITHMS.md §13; no public code)::
+Reconstruction from the summary (docs/algorithms.md#mt-sdpo; no public code)::
 
     L = L_GRPO + β Σ_t KL(π_θ(·|x, y<t) ‖ sg π_EMA(·|x, c*, y<t))
 

@@ -1,6 +1,6 @@
 """OPRD: weak-to-strong on-policy reverse distillation as a dense reward. [recon]
 
-Reconstruction from the summary (ALGORITHMS.md §13; no public code). A (possibly weaker)
+Reconstruction from the summary (docs/algorithms.md#oprd; no public code). A (possibly weaker)
 teacher comes as a pair: its RL-trained policy π_T^RL and the base it was trained from,
 π_T^base. On the *student's* own rollouts, both score the sampled tokens; the teacher's
 policy shift

@@ -1,6 +1,6 @@
 """Rényi OPSD: reference-anchored on-policy self-distillation with a Rényi divergence. [recon]
 
-Reconstruction from the summary (ALGORITHMS.md §13; no public code). The self-teacher is
+Reconstruction from the summary (docs/algorithms.md#rényi-opsd; no public code). The self-teacher is
 the student (or its EMA) reading privileged feedback ``f`` the student does not see
 (:class:`credo.teachers.SelfTeacher`); its logits are anchored to a frozen reference that
 reads the plain prompt, by a geometric mixture:
