@@ -91,10 +91,10 @@ class Run:
         defaults to the run's."""
         r = self.cfg.rollout
         return SamplerContext(
-            policy=policy or self.policy,
+            policy=policy if policy is not None else self.policy,
             renderer=self.renderer,
             make_env=self.make_env,
-            sampling=sampling or self.sampling,
+            sampling=sampling if sampling is not None else self.sampling,
             max_turns=self.max_turns,
             generator=generator,
             choices=torch.Generator().manual_seed(choice_seed),
@@ -144,7 +144,7 @@ class Run:
             topk_logprobs=0,
         )
         return evaluate(
-            policy or self.policy,
+            policy if policy is not None else self.policy,
             self.renderer,
             self.make_env,
             episodes=self.cfg.eval.episodes if episodes is None else episodes,

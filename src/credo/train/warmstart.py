@@ -131,7 +131,7 @@ def warm_start(
         The (possibly reloaded) policy and what happened.
     """
     cfg = run.cfg
-    policy = policy or run.policy
+    policy = policy if policy is not None else run.policy
     key = warm_start_key(cfg)
     folder = cache_dir() / "warmstart" / key
     meta_path = folder / "warmstart.json"
