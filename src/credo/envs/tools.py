@@ -168,8 +168,8 @@ class Family:
     Attributes:
         lookup: how the orders are found: ``"id"`` (the ticket names the order id),
             ``"name"`` (find the customer by name, then list the orders) or
-            ``"namesake"`` (as ``name``, but two customers share the name; the ticket's
-            city tells them apart).
+            ``"namesake"`` (as ``name``, but two customers share the name; the city in
+            the ticket's signature tells them apart).
         requests: the ticket's requests in a fixed multiset (``refund``, ``exchange``,
             ``cancel``); their order in the ticket is drawn per task.
     """
@@ -251,7 +251,7 @@ _EXCHANGE_ID_WORDS = (
     "i would like order {oid} , the {item} , in {color} instead",
 )
 _GREETINGS = ("", "hi , ", "hello , ", "good morning , ", "dear support , ")
-_CITY_WORDS = (" ; i live in {city}", " ; i am from {city}")
+_SIGN_OFFS = ("thanks", "regards", "best wishes", "cheers", "thank you")
 
 
 # ------------------------------------------------------------------ the call syntax
@@ -275,7 +275,7 @@ class _Repeated(ValueError):
     pass
 
 
-_CALL_RE = re.compile(r"\A\s*([a-z_]+)\s*(\{.*?)\s*\Z", re.S)
+_CALL_RE = re.compile(r"\A\s*([a-z_]+)\s*(\{.*)\Z", re.S)
 
 
 def parse_call(text: str) -> tuple[str, dict[str, Any]] | CallError:
@@ -605,10 +605,10 @@ class ToolsEnv:
                     words.append(rng.choice(_REFUND_WORDS).format(item=o.item))
         self.variants = {v.vid: v for v in sorted(variants, key=lambda v: v.vid)}
         self.requests = tuple(requests)
+        # signed at the end: the name and city sit at a fixed distance from the action
+        # in the built-in model's prompt (goal last), which a small model copies easily
         text = rng.choice(_GREETINGS) + " ; ".join(words)
-        if fam.lookup == "namesake" or rng.random() < 0.3:
-            text += rng.choice(_CITY_WORDS).format(city=city)
-        self.ticket = f'ticket from "{name}" : {text} .'
+        self.ticket = f'{text} . {rng.choice(_SIGN_OFFS)} , "{name}" , {city}'
 
     # --------------------------------------------------------------- protocol
     def reset(self, task: Task, seed: int = 0) -> str:
@@ -1015,8 +1015,8 @@ class ToolsEnv:
 
         texts = [
             *_REFUND_WORDS, *_REFUND_DAYS_WORDS, *_EXCHANGE_WORDS, *_CANCEL_WORDS,
-            *_REFUND_ID_WORDS, *_EXCHANGE_ID_WORDS, *_GREETINGS, *_CITY_WORDS,
-            'ticket from : .', _State().observation, "ticket closed",
+            *_REFUND_ID_WORDS, *_EXCHANGE_ID_WORDS, *_GREETINGS, *_SIGN_OFFS,
+            ', .', _State().observation, "ticket closed",
             "customer customers named has no orders of delivered days ago",
             "order policy for variants cancelled issued refund store credit exchange",
             "allowed not amount after a fee ; on its way nothing until yet already cancel",
