@@ -565,3 +565,64 @@ def test_fuzz_10000_random_and_adversarial_actions(difficulty: str) -> None:
     assert episodes > 100
     assert longest <= 1000, longest
     assert slowest < 0.5 and time.perf_counter() - start < 120
+
+
+def test_group_and_axpo_samplers_and_estimators_run_on_tools() -> None:
+    """The real samplers on the env: snapshots replay exactly (AXPO's resamples restore
+    the env mid-episode), ProAS reads the abstract states, AXPO the tool-call steps."""
+    import torch
+
+    from credo.credit import compute_advantages
+    from credo.credit.proas import ProgressGraph
+    from credo.policy import SamplingParams
+    from credo.rollout import PlainRenderer
+    from credo.rollout.resample import ResampleParams, sample_resampled
+    from test_rollout import ScriptedPolicy
+
+    def make() -> ToolsEnv:
+        return ToolsEnv("default")
+
+    tok = build_word_tokenizer([*make().vocabulary(), *PLAIN_WORDS])
+    tasks = [Task.make("train", i) for i in range(6)]
+    # a policy that reads the page: the oracle's call on the oracle's path, else noise
+    answer: dict[str, str] = {}
+    rng = random.Random(0)
+    env = make()
+    for t in tasks:
+        env.reset(t)
+        while not env._s.over:
+            page = tok.decode(tok.encode(env.observation(), add_special_tokens=False))
+            goal = tok.decode(tok.encode(env.instruction(), add_special_tokens=False))
+            answer[page + "|" + goal] = env.oracle_action()
+            env.step(env.oracle_action())
+    env.reset(tasks[0])
+    noise = [env.sample_action(rng) for _ in range(20)]
+
+    def choose(prompt: list[int]) -> str:
+        text = tok.decode(prompt)
+        page = text.split(" page : ", 1)[1].split(" goal : ")[0]
+        goal = text.split(" goal : ", 1)[1].rsplit(" action :", 1)[0]
+        key = page + "|" + goal
+        return answer[key] if key in answer and rng.random() < 0.7 else rng.choice(noise)
+
+    res = sample_resampled(
+        ScriptedPolicy(tok, choose),
+        PlainRenderer(tok),
+        make,
+        tasks,
+        group_size=4,
+        sampling=SamplingParams(),
+        max_turns=13,
+        params=ResampleParams(budget=0.5),
+        generator=torch.Generator().manual_seed(0),
+    )
+    f = res.forest
+    assert res.stats["rollout/resampled"] > 0  # some groups failed entirely
+    assert {"abstract_state", "abstract_next_state", "progress"} <= set(f.extras)
+    assert any(e.success for e in res.episodes) and not all(e.success for e in res.episodes)
+    for tr in res.trajectories:
+        if tr.source >= 0:  # a resample starts at a tool call of an all-failed group
+            assert make().is_tool_call(res.trajectories[tr.source].episode.steps[tr.prefix].action)
+    for name, state in (("proas", ProgressGraph()), ("axpo", None), ("grpo", None)):
+        adv = compute_advantages(name, f, state=state)
+        assert adv.shape == (f.num_rows,) and bool(torch.isfinite(adv).all())

@@ -642,6 +642,8 @@ class ToolsEnv:
     def step(self, action: str) -> StepResult:
         """Run one call (see the module docstring); errors are tool messages."""
         s = self._s
+        if self.task is None:
+            raise RuntimeError("call reset() first")
         if s.over:
             raise RuntimeError("step() called after the episode ended; call reset()")
         parsed = parse_call(action)
@@ -929,6 +931,8 @@ class ToolsEnv:
         otherwise it finds the customer by name. After an error or a detour it thus
         backs up to the nearest step it can see.
         """
+        if self.task is None:
+            raise RuntimeError("call reset() first")
         if self._s.over:
             raise RuntimeError("the episode is over")
         _, req = self._pending()
@@ -967,6 +971,8 @@ class ToolsEnv:
         arguments drawn from the task's own names and ids (so mostly well-formed and
         sometimes about the wrong customer or order), now and then an id the store does
         not have or a missing argument; rarely ``done{}``."""
+        if self.task is None:
+            raise RuntimeError("call reset() first")
         if self._s.over:
             raise RuntimeError("the episode is over")
         r = rng.random()
