@@ -26,6 +26,7 @@ from credo.envs.tools import (
 )
 from credo.policy.tokenizer import build_word_tokenizer, split_words
 from credo.rollout.render import PLAIN_WORDS
+from credo.rollout.sampler import SamplerContext
 
 
 def run_oracle(env: ToolsEnv, task: Task) -> tuple[list[str], object]:
@@ -606,15 +607,17 @@ def test_group_and_axpo_samplers_and_estimators_run_on_tools() -> None:
         return answer[key] if key in answer and rng.random() < 0.7 else rng.choice(noise)
 
     res = sample_resampled(
-        ScriptedPolicy(tok, choose),
-        PlainRenderer(tok),
-        make,
+        SamplerContext(
+            ScriptedPolicy(tok, choose),
+            PlainRenderer(tok),
+            make,
+            SamplingParams(),
+            13,
+            generator=torch.Generator().manual_seed(0),
+        ),
         tasks,
         group_size=4,
-        sampling=SamplingParams(),
-        max_turns=13,
         params=ResampleParams(budget=0.5),
-        generator=torch.Generator().manual_seed(0),
     )
     f = res.forest
     assert res.stats["rollout/resampled"] > 0  # some groups failed entirely
