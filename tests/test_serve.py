@@ -911,6 +911,41 @@ def test_non_loopback_bind_without_a_key_is_refused(policy) -> None:  # type: ig
     check_bind("0.0.0.0", "secret")
 
 
+def test_cli_refuses_a_public_bind_without_a_key(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from credo.serve.cli import main
+
+    monkeypatch.delenv("CREDO_API_KEY", raising=False)
+    assert main(["/nonexistent/model", "--host", "0.0.0.0"]) == 2
+    assert "refusing to serve on '0.0.0.0' without an API key" in capsys.readouterr().err
+
+
+def test_model_errors_become_a_500_and_the_server_keeps_serving(policy) -> None:  # type: ignore[no-untyped-def]
+    original = policy.generate
+    failures = iter([RuntimeError("CUDA out of memory")])
+
+    def flaky(prompts, sampling, generator=None):  # type: ignore[no-untyped-def]
+        for exc in failures:
+            raise exc
+        return original(prompts, sampling, generator)
+
+    policy.generate = flaky
+    try:
+        with serve_policy(policy, stop_timeout_s=5) as (url, _):
+            c = _client(url)
+            with pytest.raises(
+                openai.InternalServerError,
+                match="generation failed: RuntimeError: CUDA out of memory",
+            ):
+                c.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
+            r = c.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "a"}], max_tokens=2
+            )
+            assert r.choices[0].message.role == "assistant"
+            c.close()
+    finally:
+        del policy.generate
+
+
 def test_api_key_is_checked(policy) -> None:  # type: ignore[no-untyped-def]
     with serve_policy(policy, api_key="s3cret", stop_timeout_s=5) as (url, _):
         bad = _client(url, api_key="wrong")

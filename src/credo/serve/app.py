@@ -182,6 +182,8 @@ def create_app(
                 ) from None
         except RequestError as exc:
             return _error(exc.status, exc.message, exc.param)
+        except Exception as exc:  # the model failed (e.g. out of memory): say so, keep serving
+            return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
         session = request.headers.get(SESSION_HEADER) or req.user
         call = None
         if session:
