@@ -885,6 +885,27 @@ def test_run_agent_episodes_fails_only_the_bad_episodes(policy) -> None:  # type
             )
 
 
+def test_load_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from credo.serve import load_agent
+
+    f = tmp_path / "my_agent.py"
+    f.write_text(
+        "async def run(task, client, session_id):\n    return 1.0\n\ndef sync(t, c, s):\n    return 0\n"
+    )
+    fn = load_agent(f"{f}:run")
+    assert asyncio.run(fn(None, None, "s")) == 1.0
+    assert load_agent("credo.serve.agents:_run_all") is not None  # a module:function spec
+    for spec, match in [
+        ("no_colon", "expected 'package.module:function'"),
+        (f"{tmp_path}/missing.py:run", "no such file"),
+        ("credo_no_such_module:run", "cannot import"),
+        (f"{f}:nothing", "has no attribute 'nothing'"),
+        (f"{f}:sync", "must be an 'async def' function"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            load_agent(spec)
+
+
 def test_parse_agent_result() -> None:
     assert parse_agent_result(1) == (1.0, True)
     assert parse_agent_result(0.0) == (0.0, False)

@@ -22,7 +22,7 @@ except ImportError as _exc:  # pragma: no cover
         f"credo.serve needs the 'serve' extra ({_exc.name} is missing): pip install 'credo[serve]'"
     ) from None
 
-from credo.serve.agents import parse_agent_result, run_agent_episodes
+from credo.serve.agents import load_agent, parse_agent_result, run_agent_episodes
 from credo.serve.chat import FALLBACK_CHAT_TEMPLATE, render_prompt
 from credo.serve.engine import EngineConfig, GenerationEngine
 from credo.serve.recorder import (
@@ -44,6 +44,7 @@ __all__ = [
     "SessionRecorder",
     "calls_to_steps",
     "check_bind",
+    "load_agent",
     "parse_agent_result",
     "render_prompt",
     "run_agent_episodes",

@@ -33,7 +33,7 @@ from credo.rollout import RolloutResult, Trajectory, trajectories_to_forest
 from credo.serve.recorder import SessionRecorder, session_to_episode
 from credo.serve.server import serve_policy
 
-__all__ = ["AgentFn", "parse_agent_result", "run_agent_episodes"]
+__all__ = ["AgentFn", "load_agent", "parse_agent_result", "run_agent_episodes"]
 
 #: ``agent(task, client, session_id)`` → reward or ``{"reward": float, "success": bool}``.
 AgentFn = Callable[[Any, Any, str], Awaitable[Any]]
@@ -237,3 +237,47 @@ def run_agent_episodes(
         },
         trajectories=trajectories,
     )
+
+
+def load_agent(spec: str) -> AgentFn:
+    """The agent function named by ``spec``: ``package.module:function`` or
+    ``path/to/file.py:function`` (what ``credo train --agent`` takes).
+
+    Raises:
+        ValueError: ``spec`` is malformed, the module or file cannot be found, or the
+            name is not an ``async def`` function — one line saying which and what is
+            accepted.
+    """
+    import importlib
+    import importlib.util
+    import inspect
+    from pathlib import Path
+
+    module_name, sep, func_name = spec.rpartition(":")
+    if not sep or not module_name or not func_name.isidentifier():
+        raise ValueError(
+            f"--agent {spec!r}: expected 'package.module:function' or 'path/to/file.py:function'"
+        )
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ValueError(f"--agent {spec!r}: no such file {path}")
+        mod_spec = importlib.util.spec_from_file_location(f"credo_agent_{path.stem}", path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ValueError(f"--agent {spec!r}: cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"--agent {spec!r}: cannot import {module_name!r} ({exc})") from None
+    fn = getattr(module, func_name, None)
+    if fn is None:
+        raise ValueError(f"--agent {spec!r}: {module_name} has no attribute {func_name!r}")
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(
+            f"--agent {spec!r}: {func_name} must be an 'async def' function "
+            "agent(task, client, session_id) returning a reward"
+        )
+    return fn
