@@ -396,6 +396,31 @@ def test_invalid_json_and_unknown_routes(server) -> None:  # type: ignore[no-unt
     assert status == 200
 
 
+def test_oversized_bodies_are_refused_with_413(policy) -> None:  # type: ignore[no-untyped-def]
+    with serve_policy(policy, max_body_bytes=1000, stop_timeout_s=5) as (url, _):
+        big = json.dumps({"messages": [{"role": "user", "content": "a " * 1000}]}).encode()
+        status, body = _post(url, big)
+        assert status == 413
+        assert body["error"]["message"] == "the request body is larger than 1000 bytes"
+        small = json.dumps({"messages": [{"role": "user", "content": "a"}], "max_tokens": 1})
+        assert _post(url, small.encode())[0] == 200
+
+
+def test_engine_waits_until_idle(policy) -> None:  # type: ignore[no-untyped-def]
+    engine = GenerationEngine(policy, EngineConfig())
+    engine.start()
+    try:
+        req = parse_chat_request(
+            {"messages": [{"role": "user", "content": "a"}], "max_tokens": 8, "n": 8}
+        )
+        futures = [engine.submit(req) for _ in range(4)]
+        assert engine.wait_idle(TIMEOUT)
+        assert all(f.done() for f in futures)
+        assert sum(len(f.result().choices) for f in futures) == 32
+    finally:
+        assert engine.stop(5)
+
+
 # --------------------------------------------------------- disconnects
 def test_client_disconnecting_mid_stream_does_not_disturb_the_server(server, client) -> None:  # type: ignore[no-untyped-def]
     stream = client.chat.completions.create(

@@ -31,7 +31,7 @@ from typing import Any
 from credo.data import Episode
 from credo.rollout import RolloutResult, Trajectory, trajectories_to_forest
 from credo.serve.recorder import SessionRecorder, session_to_episode
-from credo.serve.server import serve_policy
+from credo.serve.server import PolicyServer
 
 __all__ = ["AgentFn", "load_agent", "parse_agent_result", "run_agent_episodes"]
 
@@ -140,7 +140,7 @@ def run_agent_episodes(
     *,
     timeout_s: float = 300.0,
     max_concurrency: int | None = None,
-    server: tuple[str, SessionRecorder] | None = None,
+    server: PolicyServer | tuple[str, SessionRecorder] | None = None,
     api_key: str | None = None,
     **serve_kwargs: Any,
 ) -> RolloutResult:
@@ -154,11 +154,15 @@ def run_agent_episodes(
         group_size: G, runs per task.
         timeout_s: the longest one agent run may take (default 300 s).
         max_concurrency: most agents running at once (default: all).
-        server: ``(base_url, recorder)`` of a running server (from :func:`serve_policy`)
-            to reuse; default: one is started for this call and stopped after it.
+        server: a running :class:`~credo.serve.server.PolicyServer` to reuse (then the
+            call returns only once its engine is idle: requests of timed-out agents may
+            still be generating, and the trainer is about to change the weights), or the
+            ``(base_url, recorder)`` of :func:`serve_policy` (no such wait); default: a
+            server is started for this call and stopped after it.
         api_key: the server's API key, if it has one.
-        **serve_kwargs: passed to :func:`serve_policy` when a server is started here (e.g.
-            ``engine=EngineConfig(temperature=1.0)`` to sample at the trainer's temperature).
+        **serve_kwargs: passed to :class:`~credo.serve.server.PolicyServer` when a server
+            is started here (e.g. ``engine=EngineConfig(temperature=1.0)`` to sample at the
+            trainer's temperature).
 
     Returns:
         A :class:`~credo.rollout.RolloutResult`: one chain per session, the episodes in
@@ -171,7 +175,7 @@ def run_agent_episodes(
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if server is None:
-        with serve_policy(policy, api_key=api_key, **serve_kwargs) as running:
+        with PolicyServer(policy, api_key=api_key, **serve_kwargs) as running:
             return run_agent_episodes(
                 policy,
                 agent_fn,
@@ -182,7 +186,10 @@ def run_agent_episodes(
                 server=running,
                 api_key=api_key,
             )
-    base_url, recorder = server
+    if isinstance(server, PolicyServer):
+        base_url, recorder, engine = server.base_url, server.recorder, server.engine
+    else:
+        (base_url, recorder), engine = server, None
     start = time.perf_counter()
     run = uuid.uuid4().hex[:12]
     sessions = [[f"credo-{run}-{i}-{g}" for g in range(group_size)] for i in range(len(tasks))]
@@ -202,6 +209,8 @@ def run_agent_episodes(
         ),
         timeout_s * max(1, waves) + 60.0,
     )
+    if engine is not None and not engine.wait_idle(timeout_s):
+        raise TimeoutError(f"the server still had requests running {timeout_s} s after the agents")
     episodes: list[Episode] = []
     requests = 0
     for i, task in enumerate(tasks):

@@ -39,7 +39,12 @@ __all__ = ["SESSION_HEADER", "STATE_HEADER", "create_app"]
 SESSION_HEADER = "x-credo-session"
 #: Header carrying the agent's state key for this turn.
 STATE_HEADER = "x-credo-state"
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+}
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -81,6 +86,20 @@ class _TrackedStream(StreamingResponse):
                     await aclose()
 
 
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) beyond ``limit`` bytes without reading it all."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"the request body is larger than {limit} bytes", status=413)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise RequestError(f"the request body is larger than {limit} bytes", status=413)
+        parts.append(part)
+    return b"".join(parts)
+
+
 def _logprobs(ch: ChoiceResult) -> dict[str, Any]:
     content = []
     for i, (text, lp) in enumerate(zip(ch.token_texts, ch.logprobs)):
@@ -116,6 +135,7 @@ def create_app(
     api_key: str | None = None,
     model_name: str = "credo",
     request_timeout_s: float = 600.0,
+    max_body_bytes: int = 32 * 2**20,
 ) -> FastAPI:
     """The app serving ``engine`` and recording into ``recorder``.
 
@@ -125,6 +145,7 @@ def create_app(
         api_key: when set, ``/v1`` routes need ``Authorization: Bearer <api_key>``.
         model_name: the id listed by ``/v1/models`` (requests may name any model).
         request_timeout_s: the longest a request waits for its generation (then 504).
+        max_body_bytes: larger request bodies are refused with a 413 (default 32 MiB).
     """
     app = FastAPI(title="credo policy server", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -164,7 +185,7 @@ def create_app(
         if denied is not None:
             return denied
         try:
-            raw = await request.body()
+            raw = await _read_body(request, max_body_bytes)
             try:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -151,6 +151,9 @@ class GenerationEngine:
         self.stop_ids = set(getattr(policy, "stop_ids", []))
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._pending = 0
+        self._idle = threading.Condition()
+        #: ``generate`` calls made so far.
         self.batches = 0
 
     # ---------------------------------------------------------------- lifecycle
@@ -185,8 +188,22 @@ class GenerationEngine:
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("the generation engine is not running")
         fut: Future = Future()
+        with self._idle:
+            self._pending += 1
+        fut.add_done_callback(self._done)
         self._queue.put(_Job(request, fut))
         return fut
+
+    def _done(self, fut: Future) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every submitted request is answered (a trainer about to change the
+        weights waits for stragglers); True when idle within ``timeout_s``."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
 
     # ---------------------------------------------------------------- the thread
     def _loop(self) -> None:
@@ -207,7 +224,12 @@ class GenerationEngine:
                     break
                 jobs.append(job)
                 size += job.request.n
-            self._run(jobs)
+            try:
+                self._run(jobs)
+            except Exception as exc:  # never leave a request waiting on a dead thread
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(exc)
             if stop:
                 return
 

@@ -64,6 +64,7 @@ class PolicyServer:
         seed: seed of the default generator (default 0).
         model_name: the id shown by ``/v1/models`` (default ``"credo"``).
         request_timeout_s: the longest a request waits for its generation (default 600).
+        max_body_bytes: larger request bodies get a 413 (default 32 MiB).
         start_timeout_s: the longest :meth:`start` waits for the server (default 30).
         stop_timeout_s: the longest each stage of :meth:`stop` waits (default 10).
     """
@@ -81,6 +82,7 @@ class PolicyServer:
         seed: int = 0,
         model_name: str = "credo",
         request_timeout_s: float = 600.0,
+        max_body_bytes: int = 32 * 2**20,
         start_timeout_s: float = 30.0,
         stop_timeout_s: float = 10.0,
     ) -> None:
@@ -91,6 +93,7 @@ class PolicyServer:
         self.engine = GenerationEngine(policy, engine, gen)
         self.model_name = model_name
         self.request_timeout_s = request_timeout_s
+        self.max_body_bytes = max_body_bytes
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self._server: Any = None
@@ -132,6 +135,7 @@ class PolicyServer:
             api_key=self.api_key,
             model_name=self.model_name,
             request_timeout_s=self.request_timeout_s,
+            max_body_bytes=self.max_body_bytes,
         )
         config = uvicorn.Config(
             app,
