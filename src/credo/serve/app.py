@@ -11,8 +11,10 @@ key for the turn (see :mod:`credo.serve.recorder`).
 
 Streaming sends ``data: {chunk}`` server-sent events: the role, the content token by token
 (sampling happens in batches, so the deltas follow once a choice is sampled), tool calls
-in one delta, the finish reason, an optional usage chunk, then ``data: [DONE]``. A client
-that goes away before ``[DONE]`` leaves its call recorded as not delivered.
+in one delta, the finish reason, an optional usage chunk, then ``data: [DONE]``. When the
+client goes away before ``[DONE]`` has been written, the call is recorded as not delivered
+(a client that hangs up after the server wrote everything cannot be told apart from one
+that read it all).
 """
 
 from __future__ import annotations

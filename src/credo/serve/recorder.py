@@ -15,8 +15,8 @@ log-probs. A finished session becomes credo steps without re-tokenising any text
 - with ``n`` > 1 the step takes the choice the agent continued with (the choice whose
   reply is the next request's assistant message after this call's messages), else
   choice 0; the other choices are not steps (they have no continuation or reward);
-- a call whose reply never fully reached the client (it disconnected mid-stream) is kept
-  in the record with ``delivered=False`` but is not a step;
+- a call whose reply could not be written in full (the client disconnected mid-stream) is
+  kept in the record with ``delivered=False`` but is not a step;
 - the reward is given to the last step; ``state`` is the ``X-Credo-State`` header the
   agent sent with the request when it sent one, else the text of the messages that are
   new since the model's last reply (the agent's observation), and ``next_state`` the next
