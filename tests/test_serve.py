@@ -910,6 +910,68 @@ def test_run_agent_episodes_fails_only_the_bad_episodes(policy) -> None:  # type
             )
 
 
+async def _chatty_agent(task: str, client, session_id: str) -> float:  # type: ignore[no-untyped-def]
+    msgs = [{"role": "user", "content": task}]
+    for _ in range(2):
+        r = await client.chat.completions.create(
+            model="m", messages=msgs, temperature=0.3, max_tokens=50
+        )
+        msgs += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": "more"},
+        ]
+    return 1.0
+
+
+def test_trainer_style_server_records_what_the_objectives_need(policy) -> None:  # type: ignore[no-untyped-def]
+    """A long-lived server sampling as the trainer says (temperature, cap, KLPO's draws),
+    called from inside a running event loop; the forest carries the token extras and the
+    trainer's scoring reproduces every recorded log-prob, auxiliary draws included."""
+    from credo.policy.base import SamplingParams
+
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6, aux_samples=2, topk_logprobs=3)
+    with PolicyServer(policy, engine=EngineConfig.from_sampling(sampling), stop_timeout_s=5) as srv:
+
+        async def inside_a_loop():  # type: ignore[no-untyped-def]
+            return run_agent_episodes(
+                policy,
+                _chatty_agent,
+                ["hello", "red blue"],
+                group_size=2,
+                timeout_s=TIMEOUT,
+                server=srv,
+                generator=torch.Generator().manual_seed(7),
+            )
+
+        res = asyncio.run(inside_a_loop())
+    assert res.forest.num_rows == 8 and not any(e.error for e in res.episodes)
+    assert res.forest.group.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    steps = [s for e in res.episodes for s in e.steps]
+    assert all(s.info["temperature"] == 1.0 and len(s.response_ids) <= 6 for s in steps)
+    assert sorted(res.forest.token_extras) == [
+        "aux_ids",
+        "aux_old_logprobs",
+        "topk_ids",
+        "topk_old_logprobs",
+    ]
+    for s in steps:
+        n = len(s.response_ids)
+        assert s.token_data["aux_ids"].shape == (n, 2) and s.token_data["topk_ids"].shape == (n, 3)
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        aux = torch.zeros(1, ids.shape[1], 2, dtype=torch.long)
+        aux[0, len(s.prompt_ids) :] = s.token_data["aux_ids"]
+        with torch.no_grad():
+            out = policy.score(ids, torch.ones_like(ids), temperature=1.0, extra_ids=aux)
+        got = out.extra_logprobs[0, len(s.prompt_ids) :]
+        assert float((got - s.token_data["aux_old_logprobs"]).abs().max()) < 1e-4
+        assert (
+            float((out.logprobs[0, len(s.prompt_ids) :] - torch.tensor(s.logprobs)).abs().max())
+            < 1e-4
+        )
+    batch = res.forest.to_batch(torch.zeros(8))
+    assert batch.token_extras["aux_ids"].shape[-1] == 2
+
+
 def test_load_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from credo.serve import load_agent
 

@@ -28,6 +28,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import torch
+
 from credo.data import Episode
 from credo.rollout import RolloutResult, Trajectory, trajectories_to_forest
 from credo.serve.recorder import SessionRecorder, session_to_episode
@@ -142,6 +144,7 @@ def run_agent_episodes(
     max_concurrency: int | None = None,
     server: PolicyServer | tuple[str, SessionRecorder] | None = None,
     api_key: str | None = None,
+    generator: torch.Generator | None = None,
     **serve_kwargs: Any,
 ) -> RolloutResult:
     """Run ``agent_fn`` ``group_size`` times per task against the served ``policy``.
@@ -160,6 +163,8 @@ def run_agent_episodes(
             ``(base_url, recorder)`` of :func:`serve_policy` (no such wait); default: a
             server is started for this call and stopped after it.
         api_key: the server's API key, if it has one.
+        generator: the sampling RNG for this call's requests (a started server's engine
+            uses it from now on; with a ``(base_url, recorder)`` server it is ignored).
         **serve_kwargs: passed to :class:`~credo.serve.server.PolicyServer` when a server
             is started here (e.g. ``engine=EngineConfig(temperature=1.0)`` to sample at the
             trainer's temperature).
@@ -185,9 +190,12 @@ def run_agent_episodes(
                 max_concurrency=max_concurrency,
                 server=running,
                 api_key=api_key,
+                generator=generator,
             )
     if isinstance(server, PolicyServer):
         base_url, recorder, engine = server.base_url, server.recorder, server.engine
+        if generator is not None:
+            engine.generator = generator
     else:
         (base_url, recorder), engine = server, None
     start = time.perf_counter()

@@ -222,6 +222,7 @@ def create_app(
                         content=c.content,
                         tool_calls=c.tool_calls,
                         finish_reason=c.finish_reason,
+                        token_data=c.token_data,
                     )
                     for c in res.choices
                 ],

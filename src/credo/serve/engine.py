@@ -44,7 +44,13 @@ class EngineConfig:
             request's own temperature and ``top_p`` are ignored (training: the recorded
             log-probs must come from the distribution the trainer scores). Default
             ``None``: the request decides.
+        top_p: with ``temperature`` set, the nucleus mass every request uses (default
+            ``None``: 1.0).
         max_tokens_cap: the most tokens any request may ask for (default ``None``).
+        aux_samples: M > 0 also draws M auxiliary tokens per position (KLPO), recorded
+            per step as ``token_data["aux_ids"]`` / ``["aux_old_logprobs"]``.
+        topk_logprobs: K > 0 also records the K most likely tokens per position (KLPO's
+            top-K KL) as ``token_data["topk_ids"]`` / ``["topk_old_logprobs"]``.
         chat_template: a template replacing the tokenizer's (default ``None``).
     """
 
@@ -52,8 +58,26 @@ class EngineConfig:
     batch_wait_s: float = 0.005
     default_max_tokens: int = 256
     temperature: float | None = None
+    top_p: float | None = None
     max_tokens_cap: int | None = None
+    aux_samples: int = 0
+    topk_logprobs: int = 0
     chat_template: str | None = None
+
+    @classmethod
+    def from_sampling(cls, sampling: SamplingParams, **kwargs: Any) -> EngineConfig:
+        """The engine a trainer wants: every request sampled as ``sampling`` says
+        (temperature, top-p, KLPO's auxiliary draws and top-K head; at most
+        ``max_new_tokens`` tokens), whatever the agent asks for."""
+        return cls(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens_cap=sampling.max_new_tokens,
+            default_max_tokens=sampling.max_new_tokens,
+            aux_samples=sampling.aux_samples,
+            topk_logprobs=sampling.topk_logprobs,
+            **kwargs,
+        )
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -77,6 +101,9 @@ class ChoiceResult:
         content: the reply without its tool calls (``None`` when only tool calls).
         tool_calls: OpenAI tool calls ``{"id", "type", "function": {"name", "arguments"}}``.
         finish_reason: ``"stop"``, ``"length"`` or ``"tool_calls"``.
+        token_data: per-token tensors for the trainer (first dimension
+            ``len(response_ids)``): KLPO's ``aux_ids``/``aux_old_logprobs`` and
+            ``topk_ids``/``topk_old_logprobs`` when the engine samples them.
         token_texts: the text of each kept token (for ``logprobs``).
         top: ``[len(response_ids)]`` lists of ``(token text, log-prob)``, or ``None``.
         pieces: streaming deltas of ``content`` (they concatenate to it exactly).
@@ -89,6 +116,7 @@ class ChoiceResult:
     content: str | None
     tool_calls: list[dict[str, Any]]
     finish_reason: str
+    token_data: dict[str, torch.Tensor] = field(default_factory=dict)
     token_texts: list[str] = field(default_factory=list)
     top: list[list[tuple[str, float]]] | None = None
     pieces: list[str] = field(default_factory=list)
@@ -255,12 +283,14 @@ class GenerationEngine:
                         "messages",
                     )
                 want = min(want, room)
-            forced = self.config.temperature
+            cfg = self.config
+            forced = cfg.temperature is not None
             job.sampling = SamplingParams(
-                temperature=req.temperature if forced is None else forced,
-                top_p=req.top_p if forced is None else 1.0,
+                temperature=cfg.temperature if forced else req.temperature,  # type: ignore[arg-type]
+                top_p=(cfg.top_p or 1.0) if forced else req.top_p,
                 max_new_tokens=want,
-                topk_logprobs=req.top_logprobs,
+                aux_samples=cfg.aux_samples,
+                topk_logprobs=max(req.top_logprobs, cfg.topk_logprobs),
             )
         except Exception as exc:
             job.future.set_exception(exc)
@@ -329,16 +359,30 @@ class GenerationEngine:
             ]
             if calls and finish == "stop":
                 finish = "tool_calls"
+        n = len(ids)
+        token_data: dict[str, torch.Tensor] = {}
+        if gen.aux_ids is not None and gen.aux_logprobs is not None:
+            token_data.update(aux_ids=gen.aux_ids[:n], aux_old_logprobs=gen.aux_logprobs[:n])
+        if self.config.topk_logprobs and gen.topk_ids is not None:
+            k = self.config.topk_logprobs
+            token_data.update(
+                topk_ids=gen.topk_ids[:n, :k], topk_old_logprobs=gen.topk_logprobs[:n, :k]
+            )
         tok = self.policy.tokenizer
-        token_texts = [tok.decode([t], skip_special_tokens=False) for t in ids]
+        token_texts = (
+            [tok.decode([t], skip_special_tokens=False) for t in ids] if req.logprobs else []
+        )
         top = None
         if req.top_logprobs and gen.topk_ids is not None and gen.topk_logprobs is not None:
+            k = req.top_logprobs
             top = [
                 [
                     (tok.decode([int(t)], skip_special_tokens=False), float(lp))
-                    for t, lp in zip(gen.topk_ids[i].tolist(), gen.topk_logprobs[i].tolist())
+                    for t, lp in zip(
+                        gen.topk_ids[i, :k].tolist(), gen.topk_logprobs[i, :k].tolist()
+                    )
                 ]
-                for i in range(len(ids))
+                for i in range(n)
             ]
         pieces = _pieces(content or "", body, self._decode) if req.stream else []
         return ChoiceResult(
@@ -349,6 +393,7 @@ class GenerationEngine:
             content=content,
             tool_calls=calls,
             finish_reason=finish,
+            token_data=token_data,
             token_texts=token_texts,
             top=top,
             pieces=pieces,

@@ -54,6 +54,8 @@ class RecordedChoice:
         content: the reply without tool calls.
         tool_calls: OpenAI tool calls returned to the client.
         finish_reason: ``"stop"``, ``"length"`` or ``"tool_calls"``.
+        token_data: per-token tensors for the trainer (KLPO's auxiliary draws and top-K
+            head), becoming ``Step.token_data``.
     """
 
     response_ids: list[int]
@@ -62,6 +64,7 @@ class RecordedChoice:
     content: str | None
     tool_calls: list[dict[str, Any]]
     finish_reason: str
+    token_data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -251,6 +254,7 @@ def calls_to_steps(calls: list[RecordedCall], reward: float = 0.0) -> list[Step]
                 prompt_ids=list(call.prompt_ids),
                 response_ids=list(ch.response_ids),
                 logprobs=list(ch.logprobs),
+                token_data=dict(ch.token_data),
                 info={
                     "session": call.session_id,
                     "call": call.seq,
