@@ -972,6 +972,28 @@ def test_trainer_style_server_records_what_the_objectives_need(policy) -> None: 
     assert batch.token_extras["aux_ids"].shape[-1] == 2
 
 
+def test_agent_sampler_for_the_trainer(policy, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from credo.policy.base import SamplingParams
+    from credo.serve import AgentSampler
+
+    f = tmp_path / "agent_mod.py"
+    f.write_text(
+        "async def run(task, client, session_id):\n"
+        "    r = await client.chat.completions.create(model='m', messages=[{'role': 'user', 'content': task}])\n"
+        "    return 1.0 if r.choices[0].message.content else 0.0\n"
+    )
+    with AgentSampler(
+        f"{f}:run", policy, SamplingParams(max_new_tokens=4), timeout_s=TIMEOUT, stop_timeout_s=5
+    ) as s:
+        first = s.sample(["hello", "red"], 2, generator=torch.Generator().manual_seed(0))
+        s.weights_updated()
+        second = s.sample(["blue"], 3)
+    assert [e.group for e in first.episodes] == [0, 0, 1, 1] and len(second.episodes) == 3
+    assert all(len(st.response_ids) <= 4 for e in first.episodes for st in e.steps)
+    assert {st.info["weights_version"] for e in first.episodes for st in e.steps} == {0}
+    assert {st.info["weights_version"] for e in second.episodes for st in e.steps} == {1}
+
+
 def test_load_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from credo.serve import load_agent
 

@@ -8,7 +8,8 @@
   re-tokenising (:mod:`credo.serve.recorder`).
 - :func:`run_agent_episodes`: run an ``openai``-client agent G times per task and get a
   :class:`~credo.rollout.RolloutResult`, as the built-in samplers return
-  (:mod:`credo.serve.agents`).
+  (:mod:`credo.serve.agents`); :class:`AgentSampler` keeps one server for a training run
+  (:mod:`credo.serve.sampler`).
 
 Needs the ``serve`` extra: ``pip install 'credo[serve]'``.
 """
@@ -32,10 +33,12 @@ from credo.serve.recorder import (
     calls_to_steps,
     session_to_episode,
 )
+from credo.serve.sampler import AgentSampler
 from credo.serve.server import PolicyServer, check_bind, serve_policy
 
 __all__ = [
     "FALLBACK_CHAT_TEMPLATE",
+    "AgentSampler",
     "EngineConfig",
     "GenerationEngine",
     "PolicyServer",
