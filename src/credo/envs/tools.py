@@ -1016,9 +1016,8 @@ class ToolsEnv:
 
     def vocabulary(self) -> list[str]:
         """Every word the env can print or accept (lower case; names also in the
-        ``"first``/``last"`` forms a quoted name splits into)."""
-        from credo.policy.tokenizer import split_words
-
+        ``"first``/``last"`` forms a quoted name splits into). The tokenizer splits
+        punctuation off these words itself."""
         texts = [
             *_REFUND_WORDS, *_REFUND_DAYS_WORDS, *_EXCHANGE_WORDS, *_CANCEL_WORDS,
             *_REFUND_ID_WORDS, *_EXCHANGE_ID_WORDS, *_GREETINGS, *_SIGN_OFFS,
@@ -1035,7 +1034,7 @@ class ToolsEnv:
         ]  # fmt: skip
         words: set[str] = set()
         for t in texts:
-            words.update(split_words(t))
+            words.update(t.lower().split())
         for schema in TOOLS.values():
             words.update(f'"{k}"' for k in schema)
         words.update(f'"{f}' for f in FIRST_NAMES)
