@@ -98,7 +98,7 @@ def test_step_rewards_and_step_layout() -> None:
 def test_episode_layout_rejects_unequal_returns() -> None:
     batch = _agent_batch()
     batch["token_level_rewards"][4, 0] = 0.25  # A1 no longer carries A0's return
-    with pytest.raises(ValueError, match="same episode return.*rewards= or reward_layout"):
+    with pytest.raises(ValueError, match=r"same episode return.*rewards= or reward_layout"):
         verl_batch_to_forest(**batch)
 
 

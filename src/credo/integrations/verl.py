@@ -135,7 +135,7 @@ def configure(
             (e.g. ``{"credo_gigpo": {"gamma": 0.9, "mode": "mean_std_norm"}}``).
         losses: verl loss name (``credo_holder``) → credo loss kwargs.
 
-    Unknown names or knobs raise ``KeyError`` / ``TypeError`` listing the valid ones.
+    Unknown names raise ``KeyError``, unknown knobs ``ValueError``, listing the valid ones.
     """
     for name, params in (estimators or {}).items():
         validate_estimator(_credo_estimator(name), params)
