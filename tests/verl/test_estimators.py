@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import credit_forests
-import credit_forests_b
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +18,8 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl_batches import forest_to_verl, token_view
 
+import credit_forests
+import credit_forests_b
 import credo.integrations.verl as plugin
 from credo.credit import compute_advantages
 from credo.credit.proas import ProgressGraph
