@@ -294,9 +294,7 @@ def verl_batch_to_forest(
     has_child[par[has_par]] = True
     leaf = ~has_child
 
-    score = (token_level_rewards.detach().to(torch.float64) * response_mask.to(torch.float64)).sum(
-        -1
-    )
+    score = token_level_rewards.detach().to(torch.float64).sum(-1)  # as verl: unmasked
     if rewards is not None:
         reward = _floats(rewards, "rewards", b)
     elif reward_layout == "step":
