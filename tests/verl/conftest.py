@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-try:
-    import verl  # noqa: F401
+try:  # verl's own module: this folder is named verl too and would pass for it on sys.path
+    from verl.trainer.ppo import core_algos  # noqa: F401
 except ImportError as exc:
     raise RuntimeError(
         "tests/verl needs verl: run `make verl-check`, which builds .venv-verl with it"
