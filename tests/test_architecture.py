@@ -21,6 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"data", "envs", "policy", "utils"},
     "teachers": {"data", "policy", "utils"},
     "serve": {"data", "policy", "rollout", "utils"},
+    "integrations": {"data", "credit", "objectives", "utils"},
     "eval": {"data", "envs", "policy", "rollout", "utils"},
     "train": {
         "data",
