@@ -1,7 +1,10 @@
-"""Teachers: models that score the student's own rollouts in their own context.
+"""Teachers and judges: models that score the student's own rollouts.
 
-Used by on-policy distillation (``opd``), OPRD, MT-SDPO and Rényi OPSD
-(:mod:`credo.objectives`). Depends on :mod:`credo.data` and :mod:`credo.policy` only.
+Teachers score the student's tokens in their own context, for on-policy distillation
+(``opd``), OPRD, MT-SDPO and Rényi OPSD (:mod:`credo.objectives`). Judges score whole
+responses against yes/no rubric questions from their verdict probabilities (SERPO,
+:mod:`credo.teachers.judge`, :mod:`credo.teachers.rubric`). Depends on
+:mod:`credo.data`, :mod:`credo.policy` and :mod:`credo.utils` only.
 """
 
 from credo.teachers.anchors import anchor_texts
@@ -9,6 +12,7 @@ from credo.teachers.base import Teacher, TeacherCost, TeacherRows, TeacherScores
 from credo.teachers.context_cache import ContextCache
 from credo.teachers.ema import EMATeacher
 from credo.teachers.extras import attach_teacher_scores, teacher_extra_ids, teacher_loss_extras
+from credo.teachers.judge import Judge, JudgeCost, verdict_ids, verdict_scores
 from credo.teachers.loading import (
     check_teacher_folder,
     check_tokenizers,
@@ -24,17 +28,35 @@ from credo.teachers.registry import (
     teacher_names,
     validate_teacher,
 )
+from credo.teachers.rubric import (
+    PROPOSERS,
+    ResponsePools,
+    Rubric,
+    RubricChange,
+    RubricEvolver,
+    RubricItem,
+    combine_rewards,
+    register_proposer,
+)
 from credo.teachers.sanitise import SANITISERS, register_sanitiser, sanitise
 from credo.teachers.scoring import FULL_MAX_VOCAB, score_with_policy
 
 __all__ = [
     "FULL_MAX_VOCAB",
     "PLACEMENTS",
+    "PROPOSERS",
     "SANITISERS",
     "TEACHERS",
     "ContextCache",
     "EMATeacher",
+    "Judge",
+    "JudgeCost",
     "PolicyTeacher",
+    "ResponsePools",
+    "Rubric",
+    "RubricChange",
+    "RubricEvolver",
+    "RubricItem",
     "SelfTeacher",
     "Teacher",
     "TeacherCost",
@@ -44,10 +66,12 @@ __all__ = [
     "attach_teacher_scores",
     "check_teacher_folder",
     "check_tokenizers",
+    "combine_rewards",
     "load_teacher_policy",
     "make_teacher",
     "privileged_prompt_ids",
     "privileged_prompts",
+    "register_proposer",
     "register_sanitiser",
     "register_teacher",
     "resolve_policy_folder",
@@ -57,4 +81,6 @@ __all__ = [
     "teacher_loss_extras",
     "teacher_names",
     "validate_teacher",
+    "verdict_ids",
+    "verdict_scores",
 ]
