@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from credo.train import iteration as iteration_module
 from credo.train.config import load_config
@@ -64,17 +66,50 @@ def test_rl_improves_held_out_success(tmp_path: Path) -> None:
 
 
 def _small(tmp_path: Path, name: str, iterations: int) -> list[str]:
+    """A run small enough for the suite that still has signal: its warm start solves
+    about a third of the tasks, so groups mix successes and failures, advantages and
+    gradients are non-zero and the weights move (see :func:`_assert_signal`)."""
     return [
         *GUESS,
-        "sft.steps=20",
-        "sft.noisy_steps=5",
+        "sft.episodes=600",
+        "sft.steps=120",
+        "sft.noisy_episodes=200",
+        "sft.noisy_steps=20",
         "eval.episodes=16",
-        "rollout.tasks_per_iter=3",
+        "rollout.tasks_per_iter=4",
         "rollout.group_size=4",
         "train.checkpoint_every=2",
+        "train.threads=1",
         f"train.iterations={iterations}",
         f"train.runs_dir={tmp_path}",
         f"train.name={name}",
+    ]
+
+
+def _assert_signal(metrics: list[dict]) -> None:
+    """Every iteration learns something: mixed outcomes, non-zero advantages, a
+    non-zero gradient (a frozen policy would prove nothing)."""
+    for r in metrics:
+        assert 0 < r["rollout/success_rate"] < 1, r["iteration"]
+        assert r["credit/adv_abs_max"] > 0 and r["policy/grad_norm"] > 0, r["iteration"]
+
+
+def _final_state(run: Path, step: int) -> dict[str, torch.Tensor]:
+    """The weights and optimizer moments of checkpoint ``step`` of a run."""
+    ckpt = run / "checkpoints" / f"step_{step}"
+    weights = load_file(str(ckpt / "policy" / "model.safetensors"))
+    moments = load_file(str(ckpt / "optimizer.safetensors"))
+    return {
+        **{f"w.{k}": v for k, v in weights.items()},
+        **{f"o.{k}": v for k, v in moments.items()},
+    }
+
+
+def _assert_same_state(a: Path, b: Path, step: int) -> None:
+    sa, sb = _final_state(a, step), _final_state(b, step)
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa), [
+        k for k in sa if not torch.equal(sa[k], sb[k])
     ]
 
 
@@ -86,8 +121,11 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     resumed = train(
         load_config("grpo", _small(tmp_path, "part", 5)), resume=part.run_dir, quiet=True
     )
+    _assert_signal(full.metrics)
     assert _stable(resumed.metrics) == _stable(full.metrics)
     assert resumed.final.success_rate == full.final.success_rate
+    # three iterations after the resume point: weights and Adam moments bit-identical
+    _assert_same_state(full.run_dir, resumed.run_dir, 5)
 
 
 @pytest.mark.slow
@@ -112,6 +150,7 @@ def test_ctrl_c_checkpoints_and_resume_matches(
         load_config("grpo", _small(tmp_path, "stopped", 5)), resume=stopped.run_dir, quiet=True
     )
     assert _stable(resumed.metrics) == _stable(full.metrics)
+    _assert_same_state(full.run_dir, resumed.run_dir, 5)
 
 
 def test_an_existing_run_is_not_overwritten(tmp_path: Path) -> None:
@@ -130,3 +169,5 @@ def test_kl_to_the_reference_as_loss_and_as_reward_penalty(tmp_path: Path) -> No
     assert (res.run_dir / "reference" / "model.safetensors").exists()
     assert all("loss/kl" in r for r in res.metrics)
     assert res.metrics[0]["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # π = π_ref at first
+    _assert_signal(res.metrics)
+    assert res.metrics[1]["loss/kl"] > 1e-6  # after one update π has left π_ref

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from credo.train.config import ConfigError, load_config
 from credo.train.loop import train
-from test_train_e2e import _small, _stable
+from test_train_e2e import _assert_signal, _small, _stable
 
 
 def _params(run: Path) -> dict[str, torch.Tensor]:
@@ -27,6 +27,7 @@ def test_sero_with_zero_weight_reproduces_the_base_run_exactly(tmp_path: Path) -
         quiet=True,
     )
     on = train(load_config("sero", _small(tmp_path, "sero", 3)), quiet=True)
+    _assert_signal(base.metrics)  # the base run learns: equal weights are not frozen ones
     # the oracle continuations were sampled and their loss computed ...
     assert all(r["rollout/oracle_continuations"] > 0 for r in zero.metrics)
     assert all(r["loss/oracle"] > 0 for r in zero.metrics)
@@ -58,6 +59,7 @@ def test_tree_sampler_state_is_checkpointed_and_resumed_exactly(tmp_path: Path) 
     ]
     assert _stable(resumed.metrics) == _stable(full.metrics)
     assert full.metrics[0]["rollout/tree_branches"] > 0
+    _assert_signal(full.metrics)
 
 
 @pytest.mark.slow
