@@ -123,3 +123,19 @@ def test_group_advantages_sum_to_zero_in_groups_of_two_or_more(name: str) -> Non
     leaf_adv = adv[ep.leaf]
     for g in (0, 1, 3):
         assert float(leaf_adv[ep.group == g].sum()) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_one_group_and_the_default_eps() -> None:
+    # a single group of two (num = 1 group): mean ½, std √½; default ε = 1e-6
+    adv = episode_group_advantage(torch.tensor([1.0, 0.0]), torch.tensor([3, 3]))
+    h = math.sqrt(0.5) + 1e-6
+    close(adv, [0.5 / h, -0.5 / h])
+    # ε only matters next to a small std: with std √½ an ε of 1 would give ±0.293
+    assert abs(float(adv[0]) - 0.5 / (math.sqrt(0.5) + 1.0)) > 0.4
+
+
+@pytest.mark.parametrize("fn", [grpo, dr_grpo, rloo], ids=["grpo", "dr_grpo", "rloo"])
+def test_the_estimators_themselves_return_float32_rows(fn) -> None:  # type: ignore[no-untyped-def]
+    # (compute_advantages casts anyway; called directly they keep the same contract)
+    adv = fn(MIXED)
+    assert adv.dtype == torch.float32 and adv.shape == (MIXED.num_rows,)
