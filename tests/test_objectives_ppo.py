@@ -31,6 +31,8 @@ TABLE = [
     (4.0, -1.0, 3.0, True),  # max(4, 1.3) = 4, dual clip caps at −A·3 = 3
     (4.0, -0.5, 1.5, True),  # max(2, 0.65) = 2, dual cap 0.5·3 = 1.5
     (2.0, 0.0, 0.0, False),  # A = 0: no loss, nothing clipped
+    (1.1, 0.5, -0.55, False),  # 0 < A < 1 inside: no dual clip for A > 0 (cap would be −1.5)
+    (0.5, 0.25, -0.125, False),  # 0 < A < 1 below: −0.125 > −0.225
 ]
 
 
@@ -112,3 +114,71 @@ def test_default_bounds_are_symmetric_point_two() -> None:
     loss, clipped = ppo_token_loss(lr, torch.tensor([1.0, -1.0], dtype=torch.float64))
     torch.testing.assert_close(loss, torch.tensor([-1.2, 0.8], dtype=torch.float64))
     assert clipped.tolist() == [True, True]
+
+
+def test_default_dual_clip_is_three_and_any_c_above_one_is_accepted() -> None:
+    # ρ = 5, A = −1: max(5, 1.2) = 5, capped at 3 by default; c = 1.5 caps at 1.5
+    lr = torch.tensor([math.log(5.0)], dtype=torch.float64)
+    adv = torch.tensor([-1.0], dtype=torch.float64)
+    torch.testing.assert_close(ppo_token_loss(lr, adv)[0], torch.tensor([3.0], dtype=torch.float64))
+    loss, clipped = ppo_token_loss(lr, adv, dual_clip=1.5)
+    torch.testing.assert_close(loss, torch.tensor([1.5], dtype=torch.float64))
+    assert clipped.tolist() == [True]
+
+
+def test_log_ratio_is_clamped_to_twenty_in_the_loss_and_the_metric() -> None:
+    # log ρ = ±25 is used as ±20 (exp overflows float32 beyond 88): without the dual clip,
+    # A = −1, log ρ = 25 → ℓ = e²⁰; A = +1, log ρ = −25 → ℓ = max(−e⁻²⁰, −0.8) = −e⁻²⁰
+    lr = torch.tensor([25.0, -25.0], dtype=torch.float64)
+    adv = torch.tensor([-1.0, 1.0], dtype=torch.float64)
+    loss, _ = ppo_token_loss(lr, adv, dual_clip=None)
+    expected = torch.tensor([math.exp(20.0), -math.exp(-20.0)], dtype=torch.float64)
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=0)
+    # through the loss: ratio_mean is the mean of the clamped ratios, e²⁰ and e⁻²⁰
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    inp = _one_row([1.0, 1.0], -1.0)
+    inp.logprobs = (old + lr).requires_grad_()
+    inp.old_logprobs = old
+    _, metrics = get_loss("ppo")(inp, dual_clip=None)
+    mean = (math.exp(20.0) + math.exp(-20.0)) / 2
+    assert metrics["policy/ratio_mean"].item() == pytest.approx(mean, rel=1e-12)
+    assert metrics["policy/ratio_sq_mean"].item() == pytest.approx(
+        (math.exp(40.0) + math.exp(-40.0)) / 2, rel=1e-12
+    )
+    # alone, the lower clamp: log ρ = −25 is reported as e⁻²⁰
+    small = _one_row([1.0], 1.0)
+    small.logprobs = torch.tensor([[-25.0]], dtype=torch.float64, requires_grad=True)
+    small.old_logprobs = torch.zeros(1, 1, dtype=torch.float64)
+    _, metrics = get_loss("ppo")(small, dual_clip=None)
+    assert metrics["policy/ratio_mean"].item() == pytest.approx(math.exp(-20.0), rel=1e-12)
+
+
+def test_ppo_loss_defaults_clip_both_sides_at_point_two() -> None:
+    # ρ = 0.75 and 1.25 with A = −1: max(0.75, 0.8) = 0.8 (clipped) and 1.25; mean 1.025
+    loss, metrics = get_loss("ppo")(_one_row([0.75, 1.25], -1.0))
+    assert loss.item() == pytest.approx((0.8 + 1.25) / 2)
+    assert metrics["policy/clip_frac"].item() == pytest.approx(0.5)
+    # A = +1: −0.75 and −1.2 (clipped)
+    loss, _ = get_loss("ppo")(_one_row([0.75, 1.25], 1.0))
+    assert loss.item() == pytest.approx((-0.75 - 1.2) / 2)
+
+
+def test_entropy_metric_ignores_garbage_on_masked_tokens() -> None:
+    # two real tokens with entropy 0.5 and 1.5 (token-mean → 1.0) and a masked slot
+    # holding NaN (garbage a model may leave there)
+    inp = _one_row([1.0, 1.0, 1.0], 1.0)
+    inp.mask = torch.tensor([[True, True, False]])
+    inp.weights = aggregation_weights(inp.mask, "token-mean", episode=inp.episode, turn=inp.turn)
+    inp.entropy = torch.tensor([[0.5, 1.5, float("nan")]], dtype=torch.float64)
+    loss, metrics = get_loss("ppo")(inp)
+    assert loss.item() == pytest.approx(-1.0)
+    assert metrics["policy/entropy"].item() == pytest.approx(1.0)
+    _, metrics = get_loss("ppo")(_one_row([1.0], 1.0))
+    assert "policy/entropy" not in metrics  # no entropy given: no metric
+
+
+def test_unknown_ratio_level_lists_the_valid_ones() -> None:
+    with pytest.raises(
+        ValueError, match=r"^ppo: unknown ratio_level 'segment'; valid: token, turn, sequence$"
+    ):
+        get_loss("ppo")(_one_row([1.0], 1.0), ratio_level="segment")
