@@ -137,31 +137,47 @@ def test_every_target_names_existing_sources_and_tests() -> None:
     assert sum(mutate.TARGETS[n].budget_s for n in mutate.CORE) < 3600
 
 
-def test_selection_globs_and_a_fixed_sample() -> None:
-    pytest.importorskip("mutmut", reason="make mutate needs mutmut (the dev extra)")
-    shop = mutate.select_mutants(ROOT, mutate.TARGETS["shop"])
-    funcs = {n.split("__mutmut_")[0] for n in shop}
-    assert funcs == {
-        "credo.envs.shop.xǁShopEnvǁscore",
-        "credo.envs.shop.xǁShopEnvǁ_reward",
-        "credo.envs.shop.xǁShopEnvǁ_finish_turn",
-        "credo.envs.shop.xǁGoalǁscore",
-        "credo.envs.shop.xǁGoalǁmatches",
-        "credo.envs.shop.xǁGoalǁlooks_right",
+def test_choose_mutants_applies_globs_then_a_fixed_sample() -> None:
+    names = [f"credo.envs.shop.xǁGoalǁscore__mutmut_{i}" for i in range(1, 6)]
+    names += [f"credo.envs.shop.xǁShopEnvǁ_generate__mutmut_{i}" for i in range(1, 40)]
+    names += [
+        "credo.envs.shop.xǁShopEnvǁ_reward__mutmut_1",
+        "credo.envs.shop.x_parse_action__mutmut_1",
+    ]
+    shop = mutate.choose_mutants(names, mutate.TARGETS["shop"])
+    assert shop == sorted([*names[:5], "credo.envs.shop.xǁShopEnvǁ_reward__mutmut_1"])
+    sampled = mutate.Target(files=[], tests=[], sample=7)
+    picked = mutate.choose_mutants(names, sampled)
+    assert len(picked) == 7 and set(picked) < set(names) and picked == sorted(picked)
+    assert mutate.choose_mutants(list(reversed(names)), sampled) == picked  # order-free, fixed
+    assert mutate.choose_mutants(names[:3], sampled) == sorted(names[:3])  # fewer: all
+
+
+def test_every_shop_glob_names_a_real_method() -> None:
+    import ast
+
+    tree = ast.parse((ROOT / "src" / "credo" / "envs" / "shop.py").read_text())
+    methods = {
+        f"xǁ{c.name}ǁ{f.name}"
+        for c in tree.body
+        if isinstance(c, ast.ClassDef)
+        for f in c.body
+        if isinstance(f, ast.FunctionDef)
     }
-    grpo = mutate.Target(files=["src/credo/credit/grpo.py"], tests=[], sample=10)
-    every = mutate.select_mutants(ROOT, mutate.Target(files=grpo.files, tests=[], sample=10**6))
-    picked = mutate.select_mutants(ROOT, grpo)
-    assert len(picked) == 10 and set(picked) < set(every)
-    assert picked == mutate.select_mutants(ROOT, grpo)  # the same sample every run
-    # decorated estimators are mutated too (lifted): rloo has mutants
-    assert any(n.startswith("credo.credit.grpo.x_rloo__mutmut_") for n in every)
-    assert mutate.select_mutants(ROOT, mutate.Target(files=grpo.files, tests=[])) == []
+    for glob in mutate.TARGETS["shop"].mutants:
+        assert glob.removeprefix("credo.envs.shop.").removesuffix("__mutmut_*") in methods, glob
 
 
-def test_bad_arguments_fail_clearly(capsys: pytest.CaptureFixture[str]) -> None:
-    assert mutate.main(["credits"]) == 2
-    out = capsys.readouterr().out
-    assert out.startswith("mutate: unknown target(s) credits; valid: credit, objectives")
-    assert mutate.main(["grpo", "--jobs", "0"]) == 2
-    assert "--jobs must be ≥ 1, got 0" in capsys.readouterr().out
+def test_decorated_estimators_get_mutants() -> None:
+    pytest.importorskip("mutmut", reason="make mutate needs mutmut (the dev extra)")
+    target = mutate.Target(files=["src/credo/credit/grpo.py"], tests=[], sample=10)
+    every = mutate.all_mutants(ROOT, target)
+    funcs = {n.split("__mutmut_")[0] for n in every}
+    # rloo, grpo and dr_grpo are registered with @register_estimator: lifted, so mutated
+    assert funcs == {
+        "credo.credit.grpo.x_episode_group_advantage",
+        "credo.credit.grpo.x_grpo",
+        "credo.credit.grpo.x_dr_grpo",
+        "credo.credit.grpo.x_rloo",
+    }
+    assert mutate.select_mutants(ROOT, mutate.Target(files=target.files, tests=[])) == []

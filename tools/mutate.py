@@ -233,14 +233,9 @@ def prepare(name: str, target: Target) -> Path:
     return work
 
 
-def select_mutants(work: Path, target: Target) -> list[str]:
-    """The mutant names to run (``[]`` = all): the target's globs, then its sample.
-
-    Names are mutmut's (``credo.credit.grpo.x_rloo__mutmut_3``), generated from the
-    scratch copy's (lifted) sources exactly as ``mutmut run`` will generate them.
-    """
-    if not target.mutants and target.sample is None:
-        return []
+def all_mutants(work: Path, target: Target) -> list[str]:
+    """Every mutant name of the target's files, as ``mutmut run`` will generate them
+    from the scratch copy's (lifted) sources: ``credo.credit.grpo.x_rloo__mutmut_3``."""
     from mutmut.mutation.file_mutation import mutate_file_contents
 
     names = []
@@ -250,11 +245,23 @@ def select_mutants(work: Path, target: Target) -> list[str]:
         code = lift_decorators(path.read_text(encoding="utf-8"))  # idempotent
         found = mutate_file_contents(str(path.relative_to(work)), code).mutant_names
         names += [f"{module}.{n}" for n in found]
+    return names
+
+
+def choose_mutants(names: list[str], target: Target) -> list[str]:
+    """The target's globs applied to ``names``, then its fixed sample (seed 0), sorted."""
     if target.mutants:
         names = [n for n in names if any(fnmatch(n, g) for g in target.mutants)]
     if target.sample is not None and len(names) > target.sample:
-        names = sorted(random.Random(0).sample(sorted(names), target.sample))
-    return names
+        names = random.Random(0).sample(sorted(names), target.sample)
+    return sorted(names)
+
+
+def select_mutants(work: Path, target: Target) -> list[str]:
+    """The mutant names to run (``[]`` = all of them, when there is nothing to choose)."""
+    if not target.mutants and target.sample is None:
+        return []
+    return choose_mutants(all_mutants(work, target), target)
 
 
 def _env() -> dict[str, str]:
