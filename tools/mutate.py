@@ -330,7 +330,7 @@ def run_target(name: str, target: Target, jobs: int) -> dict:
         print(f"    {k}: {verdicts[k]}")
     print(
         f"== {name}: score {detected}/{ran} = {100 * score:.1f} % "
-        + (f"± {100 * stderr:.1f} (sample) " if stderr else "")
+        + (f"± {100 * stderr:.1f} (a sample of {len(chosen)}) " if target.sample else "")
         + f"({', '.join(f'{s} {n}' for s, n in sorted(counts.items()))}) in {seconds:.0f}s"
         + (f"; mutmut exit {rc}, log {log}" if rc != 0 else "")
     )
