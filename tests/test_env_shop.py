@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from credo.envs import HELDOUT_SEED_OFFSET, Task, make_env
+from credo.envs import HELDOUT_SEED_OFFSET, StepResult, Task, make_env
 from credo.envs.shop import DIFFICULTIES, ShopEnv, parse_action
 
 
@@ -179,3 +179,68 @@ def test_bad_options_fail_clearly() -> None:
         ShopEnv(catalog_size=3)
     with pytest.raises(ValueError, match=r"unknown env 'shpo'\. Did you mean 'shop'"):
         make_env("shpo")
+
+
+def buy_by_hand(env: ShopEnv, goal_index: int, *, size: str | None = None) -> StepResult:
+    """Search the goal's words, open the result that matches the goal, choose ``size``
+    (the goal's by default) and buy: four valid turns."""
+    g = env.goals[goal_index]
+    assert env.step(f"search[{' '.join(g.words())}]").info["valid"]
+    ranks = [k for k, pid in enumerate(env._s.results) if g.matches(env.catalog[pid])]
+    assert ranks, "the goal item is on the results page"
+    assert env.step(f"click[{ranks[0] + 1}]").info["valid"]
+    assert env.step(f"choose[{size or g.size}]").info["valid"]
+    res = env.step("buy")
+    assert res.info["valid"]
+    return res
+
+
+@pytest.mark.parametrize(
+    ("reward", "expected"),
+    [("success", 0.0), ("partial", 0.5), ("mixed", (0.0 + 0.2 * 0.5) / 1.2)],
+)
+def test_multi_half_the_list_then_out_of_turns_is_not_success(reward: str, expected: float) -> None:
+    # the first of two items bought exactly right, then invalid actions until the turn
+    # limit: the cart (1 item) is perfect, but the shopping list is half done —
+    # score = (1 + 0)/2 = ½ and no success
+    env = ShopEnv("multi", reward=reward)
+    env.reset(Task.make("train", 4))
+    assert env.n_items == 2 and env.max_turns == 16
+    buy_by_hand(env, 0)
+    assert env.observation().startswith("item 2 of 2 ;") and len(env._s.cart) == 1
+    for turn in range(5, 17):
+        res = env.step("hello")
+        assert not res.info["valid"]
+        assert res.done == (turn == 16)
+    assert res.info["turns"] == 16
+    assert res.info["success"] is False
+    assert res.info["score"] == pytest.approx(0.5)
+    assert res.reward == pytest.approx(expected)
+    assert env.score() == (pytest.approx(0.5), False)
+
+
+def test_multi_second_item_in_the_wrong_size_is_not_success() -> None:
+    # both items bought, the second in a size that is in stock but not the goal's:
+    # goal 2 meets 4 of its 5 requirements → score (1 + 4/5)/2 = 0.9, no success
+    env = ShopEnv("multi", reward="partial")
+    env.reset(Task.make("train", 4))
+    buy_by_hand(env, 0)
+    g = env.goals[1]
+    env.step(f"search[{' '.join(g.words())}]")
+    ranks = [k for k, pid in enumerate(env._s.results) if g.matches(env.catalog[pid])]
+    env.step(f"click[{ranks[0] + 1}]")
+    other = next(s for s in env.catalog[env._s.item].sizes if s != g.size)
+    env.step(f"choose[{other}]")
+    res = env.step("buy")
+    assert res.done and res.info["turns"] == 8
+    assert res.info["success"] is False and res.reward == pytest.approx(0.9)
+
+
+def test_multi_both_items_in_either_order_is_success() -> None:
+    # the cart is matched to the list in the best order: buying item 2 first still counts
+    env = ShopEnv("multi", reward="mixed")
+    env.reset(Task.make("train", 4))
+    assert not buy_by_hand(env, 1).done
+    res = buy_by_hand(env, 0)
+    assert res.done and res.info["success"] is True and res.reward == 1.0
+    assert env.score() == (1.0, True)

@@ -282,14 +282,83 @@ def test_likelihood_trees_update_the_state_and_split_by_it() -> None:
     # the fit saw every row, weighted by the leaves below it (Σ = Σ path lengths)
     assert alloc.updates == 1
     assert alloc.examples == pytest.approx(float(f.episodes().length.sum()))
-    # the random policy rarely buys the right scarf: p₀ falls, the split follows it
+    # the random policy never buys the right scarf here: p₀ falls below 0.1, and then
+    # 1 − p₀ⁿ − (1 − p₀)ⁿ ≤ 1 − 0.9ⁿ ≤ 1 − 0.9⁶ = 0.469 < 0.7 for every n ≤ 6, so the
+    # split takes the cap ⌊0.75·8⌋ = 6 roots and leaves 2 branches per tree
+    assert not bool(f.episodes().success.any())
     p0 = float(torch.sigmoid(alloc.mean[0]))
-    assert p0 < 0.5
-    expected = likelihood_root_count(8, p0, min_roots=2, max_root_fraction=0.75, mix_target=0.7)
+    assert 0 < p0 < 0.1
     res2, _, _ = trees(8, params, state=alloc, seed=1)
     assert res2.stats["rollout/tree_p_root"] == pytest.approx(p0)
-    assert res2.stats["rollout/tree_roots"] == expected
+    assert res2.stats["rollout/tree_roots"] == 6
+    assert res2.stats["rollout/tree_branches"] == 3 * 2
+    assert torch.bincount(res2.forest.episodes().group).tolist() == [8, 8, 8]
     assert math.isfinite(res2.stats["rollout/tree_branch_depth"])
+
+
+def guess_trees(budget: int, mean: list[float], *, tasks: int = 3):  # type: ignore[no-untyped-def]
+    """Trees on GuessEnv (T = 5 turns) with a policy that only says ``guess[n]`` (an
+    invalid action): every path has rows at depths 0–4 and nodes at t = 1..4, so the
+    allocator sees d = t/5 = 0.2, 0.4, 0.6, 0.8; its weights are set to ``mean``."""
+    tok = _tokenizer()
+    alloc = LikelihoodAllocator()
+    alloc.mean = torch.tensor(mean, dtype=torch.float64)
+    return sample_trees(
+        SamplerContext(
+            ScriptedPolicy(tok, lambda p: "guess[n]"),
+            PlainRenderer(tok),
+            lambda: GuessEnv(max_turns=5),
+            SamplingParams(),
+            5,
+        ),
+        [Task.make("train", i) for i in range(tasks)],
+        params=TreeParams(allocator="likelihood", min_roots=2, mix_target=0.7),
+        state=alloc,
+        group_size=budget,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mean", "p_root", "roots", "depths"),
+    [
+        # p = σ(−4 + 5d): z = −3, −2, −1, 0 at t = 1..4, so p(1 − p) = 0.0452, 0.1050,
+        # 0.1966, 0.25 — the deepest nodes (p = ½) win. p₀ = σ(−4) = 0.018: even 6 roots
+        # mix with probability 1 − p₀⁶ − (1 − p₀)⁶ = 0.103 < 0.7, so the cap ⌊0.75·8⌋ = 6
+        # roots; the 2 branches go to two of the six t = 4 nodes (a second branch on one
+        # node is worth 0.25/2 = 0.125 < 0.25). Scoring 1 − p instead would pick t = 1.
+        ([-4.0, 5.0, 0.0, 0.0, 0.0], 1 / (1 + math.exp(4)), 6, [4, 4]),
+        # p = σ(−5d): z = −1, −2, −3, −4, so p(1 − p) = 0.1966, 0.1050, 0.0452, 0.0177.
+        # p₀ = ½ → 3 roots (1 − ⅛ − ⅛ = ¾ ≥ 0.7), 5 branches: the three t = 1 nodes
+        # (0.1966), then two t = 2 nodes (0.1050 beats a second t = 1 branch, 0.0983).
+        # Scoring 1 − p instead would pick t = 4 and t = 3.
+        ([0.0, -5.0, 0.0, 0.0, 0.0], 0.5, 3, [1, 1, 1, 2, 2]),
+        # p₀ = σ(log(0.3/0.7)) = 0.3: n = 2, 3, 4 roots mix with probability 0.42, 0.63,
+        # 0.7518 → 4 roots; p = 0.3 at every node (no depth weight), so the 4 branches
+        # spread over 4 distinct nodes, depth left to the tie-break
+        ([math.log(0.3 / 0.7), 0.0, 0.0, 0.0, 0.0], 0.3, 4, None),
+    ],
+    ids=["p-rises-with-depth", "p-falls-with-depth", "p-flat"],
+)
+def test_likelihood_branches_go_where_p_times_one_minus_p_is_largest(
+    mean: list[float], p_root: float, roots: int, depths: list[int] | None
+) -> None:
+    res = guess_trees(8, mean)
+    f = res.forest
+    assert res.stats["rollout/tree_p_root"] == pytest.approx(p_root)
+    assert res.stats["rollout/tree_roots"] == roots
+    assert torch.bincount(f.group[f.parent < 0]).tolist() == [roots] * 3
+    assert torch.bincount(f.episodes().group).tolist() == [8, 8, 8]
+    assert res.stats["rollout/tree_branches"] == 3 * (8 - roots)
+    for g in range(3):
+        branches = [tr for tr in res.trajectories if tr.source >= 0 and tr.episode.group == g]
+        assert len(branches) == 8 - roots
+        # distinct branch points: no node gets a second branch before the others
+        points = {(tr.source, tr.prefix) for tr in branches}
+        assert len(points) == len(branches)
+        if depths is not None:
+            assert sorted(tr.prefix for tr in branches) == depths
+    if depths is not None:
+        assert res.stats["rollout/tree_branch_depth"] == pytest.approx(sum(depths) / len(depths))
 
 
 def test_bad_params_are_clear() -> None:
