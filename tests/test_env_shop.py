@@ -16,6 +16,7 @@ from credo.envs.shop import (
     DIFFICULTIES,
     MAX_ACTION_CHARS,
     MAX_QUERY_KEY_CHARS,
+    MAX_REPLY_CHARS,
     ShopEnv,
     parse_action,
 )
@@ -292,6 +293,12 @@ def test_extract_action_is_linear_time() -> None:
         env.extract_action(text)
         assert time.perf_counter() - t0 < 0.5  # quadratic before: 0.7 s at 4,000 newlines
     assert env.extract_action("\n" * 1_000 + "-- buy --\nback") == "buy"
+    # a reply is read up to MAX_REPLY_CHARS, the bare form in whole lines only
+    pad = "x" * (MAX_REPLY_CHARS - 20)
+    assert env.extract_action(pad + " click[2] ") == "click[2]"
+    assert env.extract_action(pad + " " * 20 + "click[2]") is None
+    assert env.extract_action(pad + "\nbuy\n") == "buy"
+    assert env.extract_action(pad + "\n" + " " * 16 + "buying") is None  # not "buy" at the cut
     assert env.extract_action("action:\n\n  BUY !\n") == "BUY"
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "MATERIALS",
     "MAX_ACTION_CHARS",
     "MAX_QUERY_KEY_CHARS",
+    "MAX_REPLY_CHARS",
     "SIZES",
     "ShopEnv",
     "parse_action",
@@ -123,6 +124,9 @@ DIFFICULTIES: dict[str, dict[str, Any]] = {
 #: Longer actions are invalid ("action longer than ... characters"), before any parsing.
 #: Model actions are a few words (16 tokens for the built-in model, 48 for chat models).
 MAX_ACTION_CHARS = 1000
+#: :meth:`ShopEnv.extract_action` reads at most this many characters of a reply (a chat
+#: reply is a few hundred; the regex searches cost ~0.1 s per million characters).
+MAX_REPLY_CHARS = 100_000
 #: A search query longer than this (its sorted words joined) appears in ``state_key()`` as
 #: ``#`` + a 32-hex-digit digest, so keys stay short; ordinary queries are a few words.
 MAX_QUERY_KEY_CHARS = 256
@@ -580,11 +584,18 @@ class ShopEnv:
         The first ``verb[...]`` anywhere wins; otherwise a line that is just ``back`` or
         ``buy`` (optionally after ``Action:``). The grammar itself stays strict: what is
         found is still parsed by :func:`parse_action` in :meth:`step`.
+
+        Only the first :data:`MAX_REPLY_CHARS` characters are read (for the bare form,
+        the whole lines among them), so a runaway reply costs a few milliseconds; both
+        searches are linear in what is read.
         """
-        m = _FIND_BRACKETED.search(text)
+        head = text[:MAX_REPLY_CHARS]
+        m = _FIND_BRACKETED.search(head)
         if m:
             return m.group(0)
-        m = _FIND_BARE.search(text)
+        if len(text) > MAX_REPLY_CHARS:  # a line cut at the cap could read as "buy"
+            head = head[: head.rfind("\n") + 1]
+        m = _FIND_BARE.search(head)
         return m.group(1) if m else None
 
     def action_format(self) -> str:
