@@ -23,26 +23,16 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     Console().print(table)
 
 
-def warm_policy(cfg: Any, path: str | None = None) -> tuple[Any, Any, Any, Any]:
-    """``(policy, renderer, make_env, env)`` for ``cfg``: the default run's warm-start
-    policy (trained once, then from the cache), or with ``path`` a saved built-in policy
-    folder (a run's ``final_policy``, a cached warm start)."""
-    from credo.policy.hf import HFPolicy
-    from credo.train.setup import (
-        build_env_factory,
-        build_policy,
-        configure_runtime,
-        make_run_renderer,
-        warm_start,
-    )
+def warm_policy(cfg: Any, path: str | None = None) -> tuple[Any, Any]:
+    """``(run, policy)`` for ``cfg``: the run's parts and the default run's warm-start
+    policy (trained once, then from the cache), or with ``path`` a saved policy folder
+    (a run's ``final_policy``, a cached warm start)."""
+    from credo.train.run import build_run
+    from credo.train.warmstart import warm_start
 
-    configure_runtime(cfg)
-    make_env = build_env_factory(cfg)
-    env = make_env()
     if path is not None:
-        policy = HFPolicy.from_pretrained(path)
-        return policy, make_run_renderer(cfg, policy, True, env), make_env, env
-    policy, builtin = build_policy(cfg, env, make_env)
-    renderer = make_run_renderer(cfg, policy, builtin, env)
-    policy, _ = warm_start(cfg, policy, renderer, make_env)
-    return policy, renderer, make_env, env
+        run = build_run(cfg, policy_path=path)
+        return run, run.policy
+    run = build_run(cfg)
+    policy, _ = warm_start(run)
+    return run, policy

@@ -31,8 +31,6 @@ from credo.credit import compute_advantages
 from credo.credit.gigpo import gigpo_episode_advantage, gigpo_step_advantage
 from credo.envs.base import Task
 from credo.train.config import load_config
-from credo.train.sampling import sample_rollouts
-from credo.train.setup import default_max_turns, sampling_params
 
 ESTIMATORS = ("gigpo", "graph", "graphpo", "tsbpo")
 
@@ -55,18 +53,9 @@ def main() -> None:
             f"train.threads={args.threads}",
         ],
     )
-    policy, renderer, make_env, env = warm_policy(cfg, args.policy)
+    run, policy = warm_policy(cfg, args.policy)
     tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]
-    res = sample_rollouts(
-        cfg,
-        policy,
-        renderer,
-        make_env,
-        tasks,
-        sampling=sampling_params(cfg),
-        max_turns=default_max_turns(cfg, env),
-        generator=torch.Generator().manual_seed(args.seed),
-    )
+    res = run.rollouts(policy, tasks, generator=torch.Generator().manual_seed(args.seed))
     f = res.forest
     ep = f.episodes()
     groups = f.group[ep.leaf]

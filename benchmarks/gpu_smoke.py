@@ -89,26 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     from credo.envs import Task
     from credo.policy.lora import shared_reference, trainable_parameters
     from credo.train.config import load_config
-    from credo.train.sampling import sample_rollouts
-    from credo.train.setup import (
-        add_adapters,
-        build_env_factory,
-        build_policy,
-        configure_runtime,
-        default_max_turns,
-        make_run_renderer,
-        sampling_params,
-    )
+    from credo.train.run import add_adapters, build_run
     from credo.train.update import UpdateContext, policy_update
 
     cfg = load_config("grpo", overrides(args))
-    configure_runtime(cfg)
-    make_env = build_env_factory(cfg)
-    env = make_env()
     t = time.perf_counter()
-    policy, builtin = build_policy(cfg, env, make_env)
-    renderer = make_run_renderer(cfg, policy, builtin, env, make_env)
-    policy = add_adapters(cfg, policy)
+    run = build_run(cfg)
+    policy = add_adapters(cfg, run.policy)
     reference = shared_reference(policy) if cfg.model.lora and cfg.objective.kl_coef > 0 else None
     if reference is None and cfg.objective.kl_coef > 0:
         import copy
@@ -120,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     params = trainable_parameters(policy.model)
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=0.0)
     ctx = UpdateContext(policy, optimizer, cfg, reference)
-    sampling = sampling_params(cfg, builtin=builtin)
-    max_turns = default_max_turns(cfg, env)
     n_train = sum(p.numel() for p in params)
     n_all = sum(p.numel() for p in policy.model.parameters())
     print(
@@ -138,16 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.default_rng([0, it])
         tasks = [Task.make("train", int(i)) for i in rng.choice(10_000, args.tasks, replace=False)]
         gen = torch.Generator().manual_seed(it)
-        rollout = sample_rollouts(
-            cfg,
-            policy,
-            renderer,
-            make_env,
-            tasks,
-            sampling=sampling,
-            max_turns=max_turns,
-            generator=gen,
-        )
+        rollout = run.rollouts(policy, tasks, generator=gen)
         t1 = time.perf_counter()
         adv = compute_advantages(cfg.credit.estimator, rollout.forest, cfg.credit.params, None)
         batch = rollout.forest.to_batch(adv, pad_id=policy.pad_id)

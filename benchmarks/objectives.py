@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import statistics
 import time
 
@@ -25,15 +26,9 @@ import torch
 from _common import print_table
 
 from credo.envs.base import Task
+from credo.rollout import sample_groups
 from credo.train.config import load_config
-from credo.train.setup import (
-    build_env_factory,
-    build_policy,
-    configure_runtime,
-    default_max_turns,
-    make_run_renderer,
-    sampling_params,
-)
+from credo.train.run import build_run
 from credo.train.update import UpdateContext, policy_update
 
 #: (label, recipe, overrides): each objective as the recipes configure it.
@@ -67,31 +62,17 @@ def main() -> None:
             "rollout.aux_samples=16",
         ],
     )
-    configure_runtime(base)
-    make_env = build_env_factory(base)
-    env = make_env()
-    policy, builtin = build_policy(base, env, make_env)
-    renderer = make_run_renderer(base, policy, builtin, env)
-    max_turns = default_max_turns(base, env)
+    run = build_run(base)
+    policy = run.policy
     tasks = [Task.make("train", i) for i in range(args.tasks)]
 
-    from credo.train.sampling import sample_rollouts
-
     def rollout(aux: int) -> tuple[float, object]:
-        cfg = load_config(
-            "grpo", [f"rollout.group_size={args.group}", f"rollout.aux_samples={aux}"]
+        sampling = dataclasses.replace(run.sampling, aux_samples=aux)
+        ctx = run.sampler_context(
+            policy, generator=torch.Generator().manual_seed(0), sampling=sampling
         )
         t0 = time.perf_counter()
-        res = sample_rollouts(
-            cfg,
-            policy,
-            renderer,
-            make_env,
-            tasks,
-            sampling=sampling_params(cfg),
-            max_turns=max_turns,
-            generator=torch.Generator().manual_seed(0),
-        )
+        res = sample_groups(ctx, tasks, group_size=args.group)
         return time.perf_counter() - t0, res
 
     roll_times: dict[int, list[float]] = {0: [], 16: []}

@@ -12,6 +12,7 @@ instead of the default run's warm start (trained first if it is not cached).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from _common import print_table, warm_policy
@@ -19,7 +20,6 @@ from _common import print_table, warm_policy
 from credo.envs import Task
 from credo.rollout import sample_groups
 from credo.train.config import load_config
-from credo.train.setup import default_max_turns, sampling_params
 
 
 def main() -> None:
@@ -30,20 +30,15 @@ def main() -> None:
     ap.add_argument("--policy", default=None, help="a saved policy folder (default: warm start)")
     args = ap.parse_args()
     cfg = load_config("grpo", [f"train.threads={args.threads}"])
-    policy, renderer, make_env, env = warm_policy(cfg, args.policy)
-    sampling = sampling_params(cfg, greedy=True)
-    max_turns = default_max_turns(cfg, env)
+    run, policy = warm_policy(cfg, args.policy)
+    greedy = dataclasses.replace(run.sampling, temperature=0.0)
     tasks = [Task.make("train", 50_000 + i) for i in range(args.tasks)]
 
     t = time.perf_counter()
     batched = sample_groups(
-        policy,
-        renderer,
-        make_env,
+        run.sampler_context(policy, sampling=greedy),
         tasks,
         group_size=args.group,
-        sampling=sampling,
-        max_turns=max_turns,
     )
     t_batched = time.perf_counter() - t
 
@@ -53,13 +48,9 @@ def main() -> None:
     for task in tasks:
         for _ in range(args.group):
             one = sample_groups(
-                policy,
-                renderer,
-                make_env,
+                run.sampler_context(policy, sampling=greedy),
                 [task],
                 group_size=1,
-                sampling=sampling,
-                max_turns=max_turns,
             )
             single_steps += one.env_steps
             single_tokens += one.generated_tokens

@@ -26,7 +26,6 @@ from _common import print_table, warm_policy
 from credo.envs import Task
 from credo.rollout import LikelihoodAllocator, TreeParams, sample_groups, sample_trees
 from credo.train.config import load_config
-from credo.train.setup import default_max_turns, sampling_params
 
 
 def informative_groups(forest) -> int:  # type: ignore[no-untyped-def]
@@ -49,52 +48,34 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     cfg = load_config("grpo", [f"train.threads={args.threads}"])
-    policy, renderer, make_env, env = warm_policy(cfg)
-    sampling = sampling_params(cfg)
-    max_turns = default_max_turns(cfg, env)
+    built, policy = warm_policy(cfg)
     b = args.budget
 
     allocator = LikelihoodAllocator()
     for w in range(args.warmup):  # fit the success model on other tasks first
         tasks = [Task.make("train", 90_000 + w * args.tasks + i) for i in range(args.tasks)]
         sample_trees(
-            policy,
-            renderer,
-            make_env,
+            built.sampler_context(policy, generator=torch.Generator().manual_seed(10_000 + w)),
             tasks,
-            budget=b,
-            sampling=sampling,
-            max_turns=max_turns,
             params=TreeParams(allocator="likelihood"),
             state=allocator,
-            generator=torch.Generator().manual_seed(10_000 + w),
+            group_size=b,
         )
 
     def run(name: str, batch: int, tasks: list[Task], gen: torch.Generator) -> object:
         if name == "group":
             return sample_groups(
-                policy,
-                renderer,
-                make_env,
+                built.sampler_context(policy, generator=gen),
                 tasks,
                 group_size=b,
-                sampling=sampling,
-                max_turns=max_turns,
-                generator=gen,
             )
         kind = name.split("/")[1]
         return sample_trees(
-            policy,
-            renderer,
-            make_env,
+            built.sampler_context(policy, generator=gen, choice_seed=batch),
             tasks,
-            budget=b,
-            sampling=sampling,
-            max_turns=max_turns,
             params=TreeParams(allocator=kind),
             state=allocator if kind == "likelihood" else None,
-            generator=gen,
-            choice_generator=torch.Generator().manual_seed(batch),
+            group_size=b,
         )
 
     names = ["group", "tree/uniform", "tree/likelihood"]

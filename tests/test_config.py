@@ -40,7 +40,7 @@ def test_overrides_are_typed() -> None:
         ),
         ("objective.loss=pp", "Valid loss names: "),
         ("objective.aggregation=mean", "Valid aggregation names: "),
-        ("optim.lrr=1", "unknown key 'optim.lrr'. Valid keys: lr, weight_decay"),
+        ("optim.lrr=1", "unknown key 'optim.lrr'. Did you mean 'lr'? Valid keys: lr, weight_decay"),
         ("optim.lr=fast", "optim.lr: expected a number, got 'fast'"),
         ("rollout.group_size=0", "rollout.group_size must be ≥ 1"),
         ("sft.enabled=maybe", "expected true or false"),
@@ -52,6 +52,21 @@ def test_overrides_are_typed() -> None:
         ("rollout.top_p=2", "rollout.top_p must be in (0, 1]"),
         ("noequals", "must look like key.sub=value"),
         ("objective.loss=ppo_rapo", "ppo_rapo is not available in `credo train`"),
+        # checked at load, before any compute (they used to fail after the warm start)
+        (
+            "objective.aggregation_params={nrm: 2}",
+            "objective.aggregation_params: aggregation 'token-mean' has no parameter(s) 'nrm'",
+        ),
+        (
+            "rollout.train_tasks=1",
+            "rollout.train_tasks=1 is smaller than rollout.tasks_per_iter=16",
+        ),
+        ("optim.betas=[2, 3]", "optim.betas must be two numbers in [0, 1)"),
+        ("optim.betas=[0.9]", "optim.betas must be two numbers in [0, 1)"),
+        ("optim.grad_clip=0", "optim.grad_clip must be > 0"),
+        ("model.name=./no/such/folder", "model.name='./no/such/folder': no such folder"),
+        ("model.device=tpu", "model.device must be cpu, cuda, cuda:N or auto"),
+        ("env.name=credo.no_such_module:Env", "env.name='credo.no_such_module:Env'"),
     ],
 )
 def test_bad_input_says_what_is_valid(override: str, message: str) -> None:
@@ -72,7 +87,7 @@ def test_apply_overrides_does_not_mutate() -> None:
 
 
 def test_warm_start_cache_key_follows_what_the_warm_start_depends_on() -> None:
-    from credo.train.setup import warm_start_key
+    from credo.train.warmstart import warm_start_key
 
     base = warm_start_key(load_config("grpo"))
     assert base == warm_start_key(load_config("gigpo"))  # recipes share one warm start
@@ -85,3 +100,29 @@ def test_warm_start_cache_key_follows_what_the_warm_start_depends_on() -> None:
         "rollout.history_turns=1",
     ):
         assert warm_start_key(load_config("grpo", [change])) != base, change
+
+
+def test_a_cuda_device_without_cuda_is_refused_at_load() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(ConfigError, match=r"model\.device=cuda but this torch build sees no CUDA"):
+        load_config("grpo", ["model.device=cuda"])
+
+
+def test_a_recipe_with_a_yaml_syntax_error_names_the_file_and_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("inherit: base\nrollout: {group_size: 4\n")
+    with pytest.raises(ConfigError, match=r"recipe .*bad\.yaml \(line \d+, column \d+\)"):
+        load_config(str(bad))
+
+
+def test_a_loss_registers_its_requirements_not_an_aggregation() -> None:
+    from credo.objectives import LOSSES, loss_requirements
+
+    for name in LOSSES.names():  # the old `aggregation=` meta contradicted the recipes
+        assert set(LOSSES.meta(name)) == {"requires"}, name
+    cfg = load_config("klpo")
+    assert loss_requirements("klpo")(cfg.objective.params, cfg.rollout) is None
+    assert loss_requirements("ppo")({}, cfg.rollout) is None

@@ -18,13 +18,20 @@ import gpu_smoke
 
 
 def test_its_overrides_make_a_valid_lora_bf16_config() -> None:
-    cfg = load_config("grpo", gpu_smoke.overrides(gpu_smoke.parse_args([])))
-    assert cfg.model.name == "smollm2-135m" and cfg.model.device == "cuda"
+    args = gpu_smoke.overrides(gpu_smoke.parse_args([]))
+    assert "model.device=cuda" in args
+    # the device is checked when the config loads: on a CPU-only machine, load it for the CPU
+    cpu = [a for a in args if not a.startswith("model.device=")] + ["model.device=cpu"]
+    cfg = load_config("grpo", cpu)
+    assert cfg.model.name == "smollm2-135m" and cfg.model.device == "cpu"
     assert cfg.model.dtype == "bfloat16" and cfg.model.lora is not None
     assert cfg.model.lora.r == 16 and cfg.model.lora.alpha == 32
     assert cfg.optim.micro_batch_tokens == 4096 and not cfg.sft.enabled
     full = load_config(
-        "grpo", gpu_smoke.overrides(gpu_smoke.parse_args(["--lora-r", "0", "--grad-ckpt"]))
+        "grpo",
+        gpu_smoke.overrides(
+            gpu_smoke.parse_args(["--lora-r", "0", "--grad-ckpt", "--device", "cpu"])
+        ),
     )
     assert full.model.lora is None and full.model.gradient_checkpointing
 

@@ -15,10 +15,10 @@ from credo.envs.shop import ShopEnv
 from credo.policy import HFPolicy, LoRAConfig, TinyModelConfig, apply_lora, create_tiny_policy
 from credo.policy.lora import merge_lora, shared_reference
 from credo.rollout.render import PLAIN_WORDS
+from credo.train.commands import evaluate_target
 from credo.train.config import ConfigError, load_config
 from credo.train.loop import train
-from credo.train.setup import enable_gradient_checkpointing
-from credo.train.warmstart_cmd import evaluate_target
+from credo.train.run import enable_gradient_checkpointing
 from credo.utils.cache import cache_dir
 
 pytest.importorskip("peft", reason="LoRA needs peft (make smollm installs it)")

@@ -12,6 +12,7 @@ from credo.envs import StepResult, Task
 from credo.envs.base import reset_env, step_env
 from credo.policy import Generation, SamplingParams
 from credo.rollout import PlainRenderer, Turn, sample_groups
+from credo.rollout.sampler import SamplerContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.custom_env import GuessEnv
@@ -59,13 +60,9 @@ def test_group_sampler_runs_groups_together_and_builds_a_forest() -> None:
     policy = ScriptedPolicy(tok, lambda p: "guess[8]")
     tasks = [Task.make("train", i) for i in range(3)]
     res = sample_groups(
-        policy,
-        PlainRenderer(tok),
-        GuessEnv,
+        SamplerContext(policy, PlainRenderer(tok), GuessEnv, SamplingParams(), 10),
         tasks,
         group_size=4,
-        sampling=SamplingParams(),
-        max_turns=10,
     )
     assert len(res.episodes) == 12
     assert policy.calls == 4  # one batched generation per turn, 4 turns at most
@@ -91,13 +88,9 @@ def test_a_failing_env_fails_its_episode_not_the_run() -> None:
     policy = ScriptedPolicy(tok, lambda p: "guess[1]")
     tasks = [Task.make("train", i) for i in range(12)]
     res = sample_groups(
-        policy,
-        PlainRenderer(tok),
-        Exploding,
+        SamplerContext(policy, PlainRenderer(tok), Exploding, SamplingParams(), 10),
         tasks,
         group_size=1,
-        sampling=SamplingParams(),
-        max_turns=10,
     )
     errors = [e for e in res.episodes if e.error]
     assert errors and all("RuntimeError: boom" in e.error and not e.success for e in errors)
@@ -179,13 +172,9 @@ def test_malformed_actions_are_env_messages() -> None:
     tok = _tokenizer()
     policy = ScriptedPolicy(tok, lambda p: "number please")
     res = sample_groups(
-        policy,
-        PlainRenderer(tok),
-        GuessEnv,
+        SamplerContext(policy, PlainRenderer(tok), GuessEnv, SamplingParams(), 10),
         [Task.make("test", 0)],
         group_size=2,
-        sampling=SamplingParams(),
-        max_turns=10,
     )
     steps = res.episodes[0].steps
     assert len(steps) == 4 and not any(s.valid for s in steps)
@@ -233,13 +222,9 @@ def test_the_goal_is_asked_again_every_turn() -> None:
     script = iter(actions)
     policy = ScriptedPolicy(tok, lambda p: next(script))
     res = sample_groups(
-        policy,
-        PlainRenderer(tok),
-        lambda: ShopEnv("multi"),
+        SamplerContext(policy, PlainRenderer(tok), lambda: ShopEnv("multi"), SamplingParams(), 20),
         [Task.make("train", 0)],
         group_size=1,
-        sampling=SamplingParams(),
-        max_turns=20,
     )
     ep = res.episodes[0]
     assert ep.success and [s.action for s in ep.steps] == actions

@@ -13,6 +13,7 @@ from credo.envs import RestoreDivergence, StepResult, Task, restore_env, snapsho
 from credo.envs.shop import ShopEnv
 from credo.policy import SamplingParams
 from credo.rollout import PlainRenderer, restore_runner, sample_groups, try_restore
+from credo.rollout.sampler import SamplerContext
 from credo.rollout.tree import TreeParams, sample_trees
 from test_rollout import ScriptedPolicy, _tokenizer
 
@@ -95,14 +96,11 @@ def _run(make_env, per_task: int = 2, seed: int = 0):  # type: ignore[no-untyped
     rng = random.Random(seed)
     policy = ScriptedPolicy(tok, lambda p: f"guess[{rng.randint(1, 8)}]")
     return sample_groups(
-        policy,
-        PlainRenderer(tok),
-        make_env,
+        SamplerContext(
+            policy, PlainRenderer(tok), make_env, SamplingParams(), 4, keep_snapshots=True
+        ),
         [Task.make("train", i) for i in range(3)],
         group_size=per_task,
-        sampling=SamplingParams(),
-        max_turns=4,
-        keep_snapshots=True,
     )
 
 
@@ -154,23 +152,22 @@ def test_tree_sampler_on_diverging_envs_errors_or_keeps_its_budget() -> None:
     tok = _tokenizer()
     rng = random.Random(0)
     policy = ScriptedPolicy(tok, lambda p: f"guess[{rng.randint(2, 7)}]")
-    kw = dict(
-        budget=4,
-        sampling=SamplingParams(),
-        max_turns=4,
-        params=TreeParams(allocator="uniform"),
-    )
+
+    def ctx(make_env, on_divergence: str = "error") -> SamplerContext:  # type: ignore[no-untyped-def]
+        return SamplerContext(
+            policy, PlainRenderer(tok), make_env, SamplingParams(), 4, on_divergence=on_divergence
+        )
+
+    kw = dict(group_size=4, params=TreeParams(allocator="uniform"))
     tasks = [Task.make("train", i) for i in range(3)]
     with pytest.raises(RestoreDivergence):
-        sample_trees(policy, PlainRenderer(tok), ForgetfulGuess, tasks, **kw)
-    res = sample_trees(
-        policy, PlainRenderer(tok), ForgetfulGuess, tasks, on_divergence="skip", **kw
-    )
+        sample_trees(ctx(ForgetfulGuess), tasks, **kw)
+    res = sample_trees(ctx(ForgetfulGuess, "skip"), tasks, **kw)
     # branches at depth ≥ 2 diverge and become roots; depth-1 branches restore the
     # reset state, which is right for them: either way every tree keeps 4 leaves
     assert res.stats["rollout/restore_divergences"] >= 1
     assert torch.bincount(res.forest.episodes().group).tolist() == [4, 4, 4]
     # an env without snapshot()/restore() branches through the deepcopy fallback
-    plain = sample_trees(policy, PlainRenderer(tok), PlainGuess, tasks, **kw)
+    plain = sample_trees(ctx(PlainGuess), tasks, **kw)
     assert plain.stats["rollout/tree_branches"] == 6
     assert "rollout/restore_divergences" not in plain.stats

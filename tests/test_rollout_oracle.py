@@ -21,10 +21,16 @@ from credo.rollout import (
     split_oracle,
 )
 from credo.rollout.render import PLAIN_WORDS
+from credo.rollout.sampler import SamplerContext
 from test_rollout import ScriptedPolicy
 
 ORACLE = SOURCES.index("oracle")
 ACTIONS = ["search[red wool scarf]", "click[1]", "click[2]", "choose[m]", "buy", "back"]
+
+
+def _oracle_ctx(renderer, make_env, **kw):  # type: ignore[no-untyped-def]
+    """The oracle add-on reads the env factory, renderer, turn cap and choice RNG only."""
+    return SamplerContext(None, renderer, make_env, SamplingParams(), 10**9, **kw)
 
 
 def _groups(make_env=ShopEnv, seed: int = 0, tasks: int = 4):  # type: ignore[no-untyped-def]
@@ -32,14 +38,16 @@ def _groups(make_env=ShopEnv, seed: int = 0, tasks: int = 4):  # type: ignore[no
     rng = random.Random(seed)
     renderer = PlainRenderer(tok)
     res = sample_groups(
-        ScriptedPolicy(tok, lambda p: rng.choice(ACTIONS)),
-        renderer,
-        make_env,
+        SamplerContext(
+            ScriptedPolicy(tok, lambda p: rng.choice(ACTIONS)),
+            renderer,
+            make_env,
+            SamplingParams(),
+            9,
+            keep_snapshots=True,
+        ),
         [Task.make("train", i) for i in range(tasks)],
         group_size=3,
-        sampling=SamplingParams(),
-        max_turns=9,
-        keep_snapshots=True,
     )
     return res, renderer
 
@@ -47,7 +55,17 @@ def _groups(make_env=ShopEnv, seed: int = 0, tasks: int = 4):  # type: ignore[no
 def test_continuations_hang_under_reached_states_and_follow_the_oracle() -> None:
     base, renderer = _groups()
     res = add_oracle_continuations(
-        base, ShopEnv, renderer, horizon=3, per_group=2, generator=torch.Generator().manual_seed(1)
+        base,
+        SamplerContext(
+            None,
+            renderer,
+            ShopEnv,
+            SamplingParams(),
+            10**9,
+            choices=torch.Generator().manual_seed(1),
+        ),
+        horizon=3,
+        per_group=2,
     )
     f = res.forest
     n = base.forest.num_rows
@@ -84,7 +102,7 @@ def test_continuations_hang_under_reached_states_and_follow_the_oracle() -> None
 
 def test_split_gives_back_the_base_forest_exactly() -> None:
     base, renderer = _groups()
-    res = add_oracle_continuations(base, ShopEnv, renderer, horizon=2)
+    res = add_oracle_continuations(base, _oracle_ctx(renderer, ShopEnv), horizon=2)
     policy_forest, oracle_rows = split_oracle(res.forest)
     b = base.forest
     assert oracle_rows.tolist() == list(range(b.num_rows, res.forest.num_rows))
@@ -99,7 +117,13 @@ def test_split_gives_back_the_base_forest_exactly() -> None:
 
 def test_failed_start_uses_only_failed_paths() -> None:
     base, renderer = _groups(tasks=6)
-    res = add_oracle_continuations(base, ShopEnv, renderer, horizon=1, per_group=3, start="failed")
+    res = add_oracle_continuations(
+        base,
+        _oracle_ctx(renderer, ShopEnv),
+        horizon=1,
+        per_group=3,
+        start="failed",
+    )
     f = res.forest
     ep = base.forest.episodes()
     on_failed = torch.zeros(base.forest.num_rows, dtype=torch.bool)
@@ -123,7 +147,12 @@ class BadOracleShop(ShopEnv):
 
 def test_continuations_that_do_not_execute_are_dropped() -> None:
     base, renderer = _groups(BadOracleShop)
-    res = add_oracle_continuations(base, BadOracleShop, renderer, horizon=3, per_group=3)
+    res = add_oracle_continuations(
+        base,
+        _oracle_ctx(renderer, BadOracleShop),
+        horizon=3,
+        per_group=3,
+    )
     kept, dropped = res.stats["rollout/oracle_continuations"], res.stats["rollout/oracle_dropped"]
     assert kept + dropped == 12 and dropped > 0
     f = res.forest
@@ -148,9 +177,9 @@ class NoOracle:
 def test_an_env_without_oracle_is_a_clear_error() -> None:
     base, renderer = _groups(NoOracle)
     with pytest.raises(ValueError, match="has no oracle_action"):
-        add_oracle_continuations(base, NoOracle, renderer, horizon=1)
+        add_oracle_continuations(base, _oracle_ctx(renderer, NoOracle), horizon=1)
     with pytest.raises(ValueError, match="horizon must be"):
-        add_oracle_continuations(base, NoOracle, renderer, horizon=0)
+        add_oracle_continuations(base, _oracle_ctx(renderer, NoOracle), horizon=0)
 
 
 def test_oracle_chains_by_hand() -> None:
@@ -169,7 +198,7 @@ def test_oracle_chains_by_hand() -> None:
 
 def test_oracle_rows_never_receive_policy_gradient() -> None:
     base, renderer = _groups()
-    res = add_oracle_continuations(base, ShopEnv, renderer, horizon=3)
+    res = add_oracle_continuations(base, _oracle_ctx(renderer, ShopEnv), horizon=3)
     f = res.forest
     oracle = f.source == ORACLE
     # give oracle rows huge advantages: they must still not reach the PG loss

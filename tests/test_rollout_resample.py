@@ -25,6 +25,7 @@ from credo.rollout.resample import (
     sample_resampled,
     thinking_length,
 )
+from credo.rollout.sampler import SamplerContext
 from test_rollout import ScriptedPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -99,16 +100,11 @@ def test_confidence_is_the_mean_token_probability() -> None:
 
 
 def _sample(policy, tok, *, tasks: int = 8, group_size: int = 4, **kw):  # type: ignore[no-untyped-def]
+    ctx = SamplerContext(
+        policy, PlainRenderer(tok), ToolGuess, SamplingParams(), 4, torch.Generator().manual_seed(0)
+    )
     return sample_resampled(
-        policy,
-        PlainRenderer(tok),
-        ToolGuess,
-        [Task.make("train", i) for i in range(tasks)],
-        group_size=group_size,
-        sampling=SamplingParams(),
-        max_turns=4,
-        generator=torch.Generator().manual_seed(0),
-        **kw,
+        ctx, [Task.make("train", i) for i in range(tasks)], group_size=group_size, **kw
     )
 
 
@@ -130,14 +126,16 @@ def test_resampling_touches_only_all_failed_groups_within_budget() -> None:
     tok = _tok()
     res = _sample(guessing_policy(tok), tok)
     base = sample_groups(
-        guessing_policy(tok),
-        PlainRenderer(tok),
-        ToolGuess,
+        SamplerContext(
+            guessing_policy(tok),
+            PlainRenderer(tok),
+            ToolGuess,
+            SamplingParams(),
+            4,
+            generator=torch.Generator().manual_seed(0),
+        ),
         [Task.make("train", i) for i in range(8)],
         group_size=4,
-        sampling=SamplingParams(),
-        max_turns=4,
-        generator=torch.Generator().manual_seed(0),
     )
     f, b = res.forest, base.forest
     n = b.num_rows
@@ -242,13 +240,9 @@ def test_keep_thinking_resamples_only_the_tool_call() -> None:
     )
     assert thinking_length(step, tok, "</think>") == 2
     res = sample_resampled(
-        policy,
-        ThinkRenderer(tok),
-        ToolGuess,
-        [Task.make("train", 0)],  # secret ≠ 2 and ≠ 5 for this task
+        SamplerContext(policy, ThinkRenderer(tok), ToolGuess, SamplingParams(), 1),
+        [Task.make("train", 0)],
         group_size=2,
-        sampling=SamplingParams(),
-        max_turns=1,
         params=ResampleParams(budget=0.5),
     )
     assert not any(e.success for e in res.episodes[:2])

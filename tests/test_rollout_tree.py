@@ -19,6 +19,7 @@ from credo.envs.shop import ShopEnv
 from credo.policy import SamplingParams, build_word_tokenizer
 from credo.rollout import PlainRenderer, sample_groups
 from credo.rollout.render import PLAIN_WORDS
+from credo.rollout.sampler import SamplerContext
 from credo.rollout.tree import (
     FEATURES,
     LikelihoodAllocator,
@@ -49,17 +50,11 @@ def shop_setup(seed: int = 0):  # type: ignore[no-untyped-def]
 
 def trees(budget: int, params: TreeParams, *, tasks: int = 3, seed: int = 0, **kw):  # type: ignore[no-untyped-def]
     policy, renderer = shop_setup(seed)
+    ctx = SamplerContext(
+        policy, renderer, ShopEnv, SamplingParams(), 9, choices=torch.Generator().manual_seed(seed)
+    )
     res = sample_trees(
-        policy,
-        renderer,
-        ShopEnv,
-        [Task.make("train", i) for i in range(tasks)],
-        budget=budget,
-        sampling=SamplingParams(),
-        max_turns=9,
-        params=params,
-        choice_generator=torch.Generator().manual_seed(seed),
-        **kw,
+        ctx, [Task.make("train", i) for i in range(tasks)], group_size=budget, params=params, **kw
     )
     return res, policy, renderer
 
@@ -134,14 +129,16 @@ def test_trees_without_nodes_to_branch_get_roots() -> None:
     # (depth 0 only): nothing to branch at, every leaf is a root, B stays exact
     tok = _tokenizer()
     res = sample_trees(
-        ScriptedPolicy(tok, lambda p: "guess[1]"),
-        PlainRenderer(tok),
-        lambda: GuessEnv(high=1),
+        SamplerContext(
+            ScriptedPolicy(tok, lambda p: "guess[1]"),
+            PlainRenderer(tok),
+            lambda: GuessEnv(high=1),
+            SamplingParams(),
+            4,
+        ),
         [Task.make("train", i) for i in range(2)],
-        budget=4,
-        sampling=SamplingParams(),
-        max_turns=4,
         params=TreeParams(allocator="uniform"),
+        group_size=4,
     )
     f = res.forest
     assert f.num_rows == 8 and bool((f.parent == -1).all())
@@ -153,7 +150,7 @@ def test_tree_is_cheaper_than_groups_at_equal_leaves() -> None:
     tasks = [Task.make("train", i) for i in range(4)]
     policy, renderer = shop_setup(1)
     group = sample_groups(
-        policy, renderer, ShopEnv, tasks, group_size=8, sampling=SamplingParams(), max_turns=9
+        SamplerContext(policy, renderer, ShopEnv, SamplingParams(), 9), tasks, group_size=8
     )
     res, _, _ = trees(8, TreeParams(allocator="uniform"), tasks=4, seed=1)
     assert res.forest.episodes().num_episodes == group.forest.episodes().num_episodes == 32

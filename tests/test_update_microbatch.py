@@ -11,6 +11,7 @@ from credo.envs.shop import ShopEnv
 from credo.policy import SamplingParams, TinyModelConfig, create_tiny_policy
 from credo.rollout import PlainRenderer, sample_groups
 from credo.rollout.render import PLAIN_WORDS
+from credo.rollout.sampler import SamplerContext
 from credo.train.config import load_config
 from credo.train.update import UpdateContext, _micro_chunks, policy_update
 
@@ -44,14 +45,16 @@ def test_token_budget_gives_the_same_update() -> None:
     small = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     policy = create_tiny_policy([*ShopEnv().vocabulary(), *PLAIN_WORDS], small, seed=0)
     res = sample_groups(
-        policy,
-        PlainRenderer(policy.tokenizer),
-        ShopEnv,
+        SamplerContext(
+            policy,
+            PlainRenderer(policy.tokenizer),
+            ShopEnv,
+            SamplingParams(max_new_tokens=4),
+            3,
+            generator=torch.Generator().manual_seed(0),
+        ),
         [Task.make("train", i) for i in range(2)],
         group_size=3,
-        sampling=SamplingParams(max_new_tokens=4),
-        max_turns=3,
-        generator=torch.Generator().manual_seed(0),
     )
     adv = torch.randn(res.forest.num_rows, generator=torch.Generator().manual_seed(1))
     batch = res.forest.to_batch(adv, pad_id=policy.pad_id)

@@ -111,8 +111,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
+    from credo.train.commands import run_sft
     from credo.train.config import load_config
-    from credo.train.warmstart_cmd import run_sft
 
     cfg = load_config(args.recipe, _overrides(args))
     res = run_sft(cfg, episodes=args.episodes, quiet=args.quiet)
@@ -129,7 +129,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from credo.train.warmstart_cmd import evaluate_target
+    from credo.train.commands import evaluate_target
 
     run_dir, overrides = args.run_dir, list(args.overrides or [])
     if run_dir is not None and "=" in run_dir and not Path(run_dir).exists():
@@ -158,22 +158,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    from credo.envs.base import Task, make_env
+    from credo.envs.base import Task
+    from credo.train.config import load_config
+    from credo.train.run import env_factory
 
-    env = make_env(args.env)
-    task = Task.make(args.split, args.seed)
+    cfg = load_config(args.recipe, _overrides(args))
+    env = env_factory(cfg)()
+    task = Task.make(args.split, args.task)
     obs = env.reset(task, 0)
-    print(f"task {task.id}")
+    limit = getattr(env, "max_turns", None)
+    print(f"task {task.id} of {cfg.env.name}" + (f" ({limit} turns at most)" if limit else ""))
     if hasattr(env, "instruction"):
         print(f"instruction: {env.instruction()}")
     if hasattr(env, "action_format"):
         print(env.action_format())
     print("(type 'hint' for the oracle's move, 'quit' to leave)")
+    turn = 0
     while True:
-        print(f"\n{obs}")
+        print(f"\n[turn {turn + 1}{f'/{limit}' if limit else ''}] {obs}")
         try:
             action = input("> ").strip()
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):
+            print("\nleft the episode")
             return 0
         if action == "quit":
             return 0
@@ -181,13 +187,20 @@ def cmd_play(args: argparse.Namespace) -> int:
             print(env.oracle_action() if hasattr(env, "oracle_action") else "(no oracle)")
             continue
         res = env.step(action)
+        turn += 1
         obs = res.observation
         if not res.info.get("valid", True):
             print("(invalid action)")
         if res.done:
+            success = bool(res.info.get("success", False))
+            why = (
+                "solved"
+                if success
+                else ("turn limit reached" if limit and turn >= limit else "the env ended it")
+            )
             print(
-                f"\n{obs}\nepisode over: reward {res.reward:.3f}, "
-                f"success {res.info.get('success', False)}"
+                f"\n{obs}\nepisode over after {turn} turns ({why}): reward {res.reward:.3f}, "
+                f"success {success}"
             )
             return 0
 
@@ -301,10 +314,20 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("overrides", nargs="*", metavar="key.sub=value")
     e.set_defaults(func=cmd_eval)
 
-    pl = sub.add_parser("play", help="play an environment in the terminal")
-    pl.add_argument("--env", default="shop")
-    pl.add_argument("--seed", type=int, default=0, help="task index")
-    pl.add_argument("--split", default="test", choices=["train", "test"])
+    pl = sub.add_parser(
+        "play",
+        help="play an environment in the terminal",
+        description="Play an env yourself. Example: credo play --env shop env.kwargs.difficulty=multi",
+    )
+    pl.add_argument(
+        "--recipe", default="grpo", help="recipe whose env settings to use (default grpo)"
+    )
+    pl.add_argument("--env", help="env name or module:Class (default from the recipe: shop)")
+    pl.add_argument("--task", type=int, default=0, help="task index (default 0)")
+    pl.add_argument(
+        "--split", default="test", choices=["train", "test"], help="task split (default test)"
+    )
+    pl.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     pl.set_defaults(func=cmd_play)
 
     c = sub.add_parser("compare", help="train several recipes on the same tasks and budget")

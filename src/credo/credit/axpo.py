@@ -1,7 +1,7 @@
 """AXPO: partitioned advantages for resampled tool calls. [page; recon details]
 
 Kang et al. 2026, "Agent Explorative Policy Optimization for Multimodal Agentic
-Reasoning", https://arxiv.org/abs/2605.28774 (ALGORITHMS.md §7). For an all-failed
+Reasoning", https://arxiv.org/abs/2605.28774 (``docs/algorithms.md#axpo``). For an all-failed
 group, the sampler keeps a low-confidence episode's prefix (and its thinking), restores
 the env and resamples the tool call and everything after it. In the forest these
 branches are rows with ``source == 2`` ("resample") hanging under the *branch parent* p:

@@ -1,9 +1,9 @@
 """Trajectory-graph step advantage: Bellman values on merged rollouts + graph GAE. [recon]
 
 "Step-level advantage estimation with trajectory graphs for agentic RL" (Shanghai Jiao
-Tong University / Tencent AI Platform; summary in ``ALGORITHMS.md`` §3, relatives:
-GraphGPO, G2PO). The paper's details were not available: this is a reconstruction from
-the summary, implemented as ``ALGORITHMS.md`` writes it, with every knob exposed.
+Tong University / Tencent AI Platform; relatives: GraphGPO, G2PO). The paper's details
+were not available: this is a reconstruction from a summary, with every knob exposed
+(``docs/algorithms.md#trajectory-graph``).
 
 Per group, all rollouts are merged into one directed graph:
 

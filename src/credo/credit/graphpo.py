@@ -1,10 +1,11 @@
 """GraphPO: out-edge correctness and in-edge efficiency advantages on a rollout DAG.
 
 "GraphPO: graph-based policy optimisation for reasoning models" (Renmin University of
-China, Gaoling School of AI / Ant Group; summary in ``ALGORITHMS.md`` §6). [paper] for
-the idea and claims (rollouts as a DAG in which equivalent states merge and share
-suffixes; correctness advantage on out-edges, efficiency advantage on in-edges; lower
-variance than trees at equal budget); [recon] for every formula below.
+China, Gaoling School of AI / Ant Group; https://arxiv.org/abs/2606.18954;
+``docs/algorithms.md#graphpo``). [paper] for the idea and claims (rollouts as a DAG in
+which equivalent states merge and share suffixes; correctness advantage on out-edges,
+efficiency advantage on in-edges; lower variance than trees at equal budget); [recon] for
+every formula below.
 
 The rollouts of a group are merged into a graph over state keys, exactly as in
 :mod:`credo.credit.graph` (nodes = (group, state) pairs, optional similarity merging with

@@ -2,9 +2,9 @@
 
 Paper: "ProAS: a progress-aware advantage-shaping framework for multi-turn agentic RL"
 (title translated from the summary; Zhejiang University, Westlake University, Huawei
-Noah's Ark Lab; known to credo from the summary in ``shared/seeds/000_*.txt``, no
-public text found). The formulas below are
-credo's reconstruction from that summary (ALGORITHMS.md §4).
+Noah's Ark Lab; known to credo only from a summary of the paper, no public text
+found). The formulas below are credo's reconstruction from that summary
+(``docs/algorithms.md#proas``).
 
 A reference graph G over *abstract progress states* (a shop: search → results → item
 page → options chosen → bought) is built from successful episodes and evolves online

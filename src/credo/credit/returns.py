@@ -1,6 +1,6 @@
 """Raw episode return as the advantage: A = R, no baseline (REINFORCE).
 
-KLPO (ALGORITHMS.md §9) regresses on the sequence reward R itself: its loss needs no
+KLPO (``docs/algorithms.md#klpo``) regresses on the sequence reward R itself: its loss needs no
 group centring, no std scaling and no critic, so the trainer passes R unchanged. Every
 row of an episode gets the episode's return (a row shared by several episodes, in a
 tree, gets their mean). [code]

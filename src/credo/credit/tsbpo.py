@@ -2,8 +2,8 @@
 
 Paper: "TSBPO: tree-structured branch policy optimisation for training interactive
 language agents" (University of Electronic Science and Technology of China; known to
-credo from the summary in ``shared/seeds/003_*.txt``, no public text found). The formulas
-are credo's reconstruction (ALGORITHMS.md §5).
+credo only from a summary of the paper, no public text found). The formulas are credo's
+reconstruction (``docs/algorithms.md#tsbpo``).
 
 Rollouts form a tree: branches restart from env snapshots at chosen rows, so a row with
 several children is a branch point. With V(row) = mean return R of the episodes (leaves)

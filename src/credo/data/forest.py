@@ -31,6 +31,7 @@ tensors aligned with the response tokens (e.g. KLPO's auxiliary token ids).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,6 +145,21 @@ class RolloutForest:
 
     def __len__(self) -> int:
         return self.num_rows
+
+    def with_rewards(self, reward: torch.Tensor) -> RolloutForest:
+        """The same forest with other per-row rewards (e.g. a KL penalty or a teacher's
+        dense reward subtracted before credit assignment); episode returns are
+        recomputed from them.
+
+        Args:
+            reward: ``[N]`` one reward per row.
+        """
+        if reward.shape != self.reward.shape:
+            raise ValueError(
+                f"with_rewards: expected {tuple(self.reward.shape)} rewards, got "
+                f"{tuple(reward.shape)}"
+            )
+        return dataclasses.replace(self, reward=reward, _episodes=None)
 
     @property
     def has_tokens(self) -> bool:

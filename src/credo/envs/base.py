@@ -15,7 +15,19 @@ demonstrations, SERO oracle continuations), ``progress() -> float`` in [0, 1],
 ``abstract_state_key() -> str`` (a coarse progress stage, for ProAS), ``vocabulary() ->
 list[str]`` (every word the env can print or accept, for the built-in word-level
 tokenizer), ``is_tool_call(action) -> bool`` and ``action_format() -> str`` (rules shown
-to chat models).
+to chat models), ``privileged_context(kind) -> str | None`` (below).
+
+``privileged_context(kind: str) -> str | None`` offers text about the *current* state
+that a teacher may read but the student never sees (on-policy distillation from a
+privileged teacher, :mod:`credo.teachers`): the sampler asks for it before the action is
+taken (so it describes the state the action was taken in) and the teacher's prompt is the
+student's, re-rendered with that text (:func:`credo.teachers.privileged_prompt_ids`).
+``kind`` names what is asked: ``"oracle"`` (a correct next action), ``"feedback"`` (what
+the env can say about the previous action beyond the observation), ``"solution"`` (a
+description of what solves the task, e.g. the target item); an env returns ``None`` for
+kinds it does not offer. It must not change the env's state (no RNG draws, no step
+count). Call it through :func:`privileged_context`, which returns ``None`` for envs
+without the method. (``shop`` offers ``"oracle"``.)
 
 ``is_tool_call(action)`` marks the actions that call a tool (a search, an API, a code
 run) as opposed to answering or navigating; the AXPO resample sampler
@@ -59,6 +71,7 @@ __all__ = [
     "check_replay",
     "env_names",
     "make_env",
+    "privileged_context",
     "register_env",
     "reset_env",
     "resolve_env",
@@ -151,6 +164,21 @@ class Transition:
 def _optional(env: Any, name: str) -> Any:
     fn = getattr(env, name, None)
     return fn() if fn is not None else None
+
+
+def privileged_context(env: Any, kind: str) -> str | None:
+    """``env.privileged_context(kind)``, or ``None`` for an env without it (or with no
+    text of that kind); an empty string counts as none."""
+    fn = getattr(env, "privileged_context", None)
+    if fn is None:
+        return None
+    text = fn(kind)
+    if text is not None and not isinstance(text, str):
+        raise TypeError(
+            f"{type(env).__name__}.privileged_context({kind!r}) must return a str or None, "
+            f"got {type(text).__name__}"
+        )
+    return text or None
 
 
 def check_observation(observation: Any, env: Any, method: str) -> str:

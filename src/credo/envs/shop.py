@@ -635,6 +635,14 @@ class ShopEnv:
             return "buy" if s.size == g.size else f"choose[{g.size}]"
         raise RuntimeError("the episode is over")
 
+    def privileged_context(self, kind: str) -> str | None:
+        """Teacher-only text about the current state (see :mod:`credo.envs.base`):
+        ``"oracle"`` gives :meth:`oracle_action` (``None`` once the episode is over);
+        other kinds are not offered (``None``). Reads the state only."""
+        if kind != "oracle" or self._s.page == "done":
+            return None
+        return self.oracle_action()
+
     def sample_action(self, rng: random.Random) -> str:
         """A random *plausible* action for the current page (noisy demonstrations)."""
         s, g = self._s, self._current_goal()

@@ -13,6 +13,7 @@ from credo.envs.base import Task
 from credo.policy.base import Policy, SamplingParams
 from credo.rollout.group import sample_groups
 from credo.rollout.render import Renderer
+from credo.rollout.sampler import SamplerContext
 
 __all__ = ["EvalResult", "evaluate", "wilson_interval"]
 
@@ -74,23 +75,16 @@ def evaluate(
     two policies are compared on identical held-out tasks. Sampling uses its own seeded
     generator, so an evaluation does not disturb the training RNG streams.
     """
-    gen = torch.Generator().manual_seed(seed)
+    ctx = SamplerContext(
+        policy, renderer, make_env, sampling, max_turns, torch.Generator().manual_seed(seed)
+    )
     eps = []
     steps = invalid = 0
     for start in range(0, episodes, chunk):
         tasks = [
             Task.make(split, first_task + i) for i in range(start, min(episodes, start + chunk))
         ]
-        res = sample_groups(
-            policy,
-            renderer,
-            make_env,
-            tasks,
-            group_size=1,
-            sampling=sampling,
-            max_turns=max_turns,
-            generator=gen,
-        )
+        res = sample_groups(ctx, tasks, group_size=1)
         eps.extend(res.episodes)
         steps += res.env_steps
         invalid += int((~res.forest.valid).sum()) if res.forest.num_rows else 0

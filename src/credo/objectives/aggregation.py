@@ -21,7 +21,6 @@ Modes (verl's names where they exist, https://github.com/volcengine/verl
   ``w = 1/(n_b · B')``. Every row weighs the same; an episode weighs as many rows as it
   has.
 - ``seq-mean-token-sum``: sum over each row's tokens, mean over rows, ``w = 1/B'``.
-  (verl divides by all rows ``B``, including fully masked ones; credo by ``B'``.)
 - ``seq-mean-token-sum-norm``: Dr.GRPO's constant normaliser
   (https://arxiv.org/abs/2503.20783): sum over each row's tokens divided by a constant
   ``C``, mean over rows, ``w = 1/(B' · C)``. ``C`` is the knob ``norm``; by default the
@@ -39,6 +38,10 @@ Modes (verl's names where they exist, https://github.com/volcengine/verl
 - ``episode-mean-token-sum``: token *sum* within each episode, mean over episodes,
   ``w = 1/E'``: KLPO's ``−mean_responses Σ_tokens`` when a response is a whole multi-turn
   episode. (credo's addition.)
+
+verl's trainer divides all three ``seq-mean-*`` modes by all rows ``B`` of the mini-batch,
+including fully masked ones; credo divides by ``B'`` (see
+``docs/algorithms.md#differences-from-verl``).
 
 Sequence-level losses (HPO, KLPO's sequence route) produce one value per sequence; they
 weigh sequence ``u`` by ``W_u = Σ_{tokens of u} w``, so the "mean over sequences" of

@@ -294,7 +294,7 @@ def _holder_loss(
     return loss, metrics
 
 
-@register_loss("holder", aggregation="seq-mean-token-mean")
+@register_loss("holder")
 def holder(
     inputs: LossInputs,
     *,
@@ -347,7 +347,7 @@ def holder(
     )
 
 
-@register_loss("holder_token", aggregation="seq-mean-token-mean")
+@register_loss("holder_token")
 def holder_token(
     inputs: LossInputs,
     *,

@@ -6,7 +6,9 @@ http://joschu.net/blog/kl-approx.html; verl's ``kl_penalty``), with
 
 - ``k1 = log π − log π_ref``  (unbiased, high variance, can be negative)
 - ``k2 = ½ (log π − log π_ref)²``  (biased; ≈ KL to second order when π ≈ π_ref)
-- ``k3 = r − 1 − log r``, ``r = π_ref/π``  (unbiased, always ≥ 0)
+- ``k3 = r − 1 − log r``, ``r = π_ref/π``  (unbiased, always ≥ 0); ``log r`` is clamped
+  to [−20, 20] and the value is not clamped (verl also clamps the value to [−10, 10];
+  ``docs/algorithms.md#differences-from-verl``)
 
 **KLPO's estimators of KL(q ‖ p)** at one prefix (sampler q, trainer p; KLPO,
 https://github.com/yifanzhang-pro/KLPO, ``klpo/loss.py``) [code]:

@@ -58,6 +58,8 @@ at least one); the sequence route needs all M draws at every loss token.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -71,6 +73,59 @@ from credo.objectives.registry import register_loss
 __all__ = ["KLPO_ESTIMATORS", "klpo", "klpo_seq"]
 
 KLPO_ESTIMATORS = ("mc", "binary", "topk")
+
+
+def _needs_sampler_draws(min_aux: int) -> Callable[[Mapping[str, Any], Any], str | None]:
+    """The config requirement of ``klpo`` (``min_aux`` = 1) and ``klpo_seq`` (2): the
+    sampler must store the tokens the chosen KL estimator reads."""
+
+    def requires(params: Mapping[str, Any], rollout: Any) -> str | None:
+        kl = params.get("kl", "mc")
+        if kl == "topk" and rollout.topk_logprobs < 1:
+            return (
+                "objective.params.kl=topk needs the sampler's top-K log-probs: set "
+                "rollout.topk_logprobs=K (docs/algorithms.md#klpo uses K = 16)"
+            )
+        if kl == "mc" and rollout.aux_samples < min_aux:
+            name = "klpo" if min_aux == 1 else "klpo_seq"
+            return (
+                f"objective.loss={name} with kl=mc needs auxiliary draws: set "
+                "rollout.aux_samples=M (recipe klpo: 16; klpo_seq needs M ≥ 2)"
+            )
+        return None
+
+    return requires
+
+
+#: The sampler's per-token sets KLPO scores with the trainer: auxiliary draws, top-K head.
+SAMPLER_SETS = ("aux", "topk")
+
+
+def sampler_token_ids(token_extras: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """``[B, L, M + K]``: the token ids whose trainer log-probs KLPO needs besides the
+    sampled ones (the sampler's auxiliary draws, then its top-K head), gathered in the
+    same scoring pass; ``None`` when the batch has neither."""
+    sets = [token_extras[f"{n}_ids"] for n in SAMPLER_SETS if f"{n}_ids" in token_extras]
+    return torch.cat(sets, -1) if sets else None
+
+
+def sampler_extras(
+    extra_logprobs: torch.Tensor | None, token_extras: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Split the trainer's log-probs of :func:`sampler_token_ids` back into KLPO's
+    :class:`~credo.objectives.inputs.LossInputs` extras: ``aux_logprobs`` /
+    ``aux_old_logprobs`` and ``topk_logprobs`` / ``topk_old_logprobs``."""
+    out: dict[str, torch.Tensor] = {}
+    start = 0
+    for n in SAMPLER_SETS:
+        if f"{n}_ids" not in token_extras:
+            continue
+        assert extra_logprobs is not None
+        size = token_extras[f"{n}_ids"].shape[-1]
+        out[f"{n}_logprobs"] = extra_logprobs[..., start : start + size]
+        out[f"{n}_old_logprobs"] = token_extras[f"{n}_old_logprobs"].to(extra_logprobs.device)
+        start += size
+    return out
 
 
 def _check_common(inputs: LossInputs, beta: float, kl: str) -> None:
@@ -166,7 +221,7 @@ def _prepare(
     return m, w, ell, cur, beh, ret
 
 
-@register_loss("klpo", aggregation="seq-mean-token-sum")
+@register_loss("klpo", requires=_needs_sampler_draws(min_aux=1))
 def klpo(
     inputs: LossInputs,
     *,
@@ -235,7 +290,7 @@ def klpo(
     return loss, metrics
 
 
-@register_loss("klpo_seq", aggregation="seq-mean-token-mean")
+@register_loss("klpo_seq", requires=_needs_sampler_draws(min_aux=2))
 def klpo_seq(
     inputs: LossInputs,
     *,

@@ -61,7 +61,7 @@ def ppo_token_loss(
     return loss, clipped
 
 
-@register_loss("ppo", aggregation="token-mean")
+@register_loss("ppo")
 def ppo_clip(
     inputs: LossInputs,
     *,

@@ -1,6 +1,7 @@
 """RAPO: profile–token mutual-information weights on the PPO surrogate. [recon]
 
-Reconstruction from the summary (ALGORITHMS.md §14; no public code): a frozen reference
+Reconstruction (``docs/algorithms.md#rapo``; paper: Xu et al. 2026,
+https://arxiv.org/abs/2606.27025; no public code): a frozen reference
 model scores every response token twice, with and without the user/role profile in the
 prompt; the difference
 
@@ -29,6 +30,9 @@ min–max within each row (micro-batch exact by construction).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -133,7 +137,20 @@ def rapo_token_weights(
     return torch.where(advantages > 0, up, torch.where(advantages < 0, 1.0 / up, ones))
 
 
-@register_loss("ppo_rapo", aggregation="token-mean")
+def _needs_profile_reference(params: Mapping[str, Any], rollout: Any) -> str:
+    """RAPO's token weights need two reference passes over the same responses, one with
+    the user's profile in the prompt and one without; credo's envs carry no profile yet,
+    so the trainer does not make them and training refuses the loss at load time."""
+    return (
+        "objective.loss=ppo_rapo is not available in `credo train`: it needs "
+        "profile-conditioned and plain reference log-probs "
+        "(inputs.extras['ref_logprobs_profile'/'ref_logprobs_plain']), which the "
+        "trainer does not compute; call credo.objectives.rapo.ppo_rapo directly. "
+        "Losses the trainer runs: holder, holder_token, klpo, klpo_seq, ppo"
+    )
+
+
+@register_loss("ppo_rapo", requires=_needs_profile_reference)
 def ppo_rapo(
     inputs: LossInputs,
     *,

@@ -6,6 +6,11 @@ A policy loss is a pure function ``fn(inputs: LossInputs, *, knob=default, ...) 
 ``Σ w·x`` with the aggregation weights in ``inputs.weights``, so the trainer can sum
 them over the micro-batches of one mini-batch.
 
+A loss that needs something from the sampler (KLPO's auxiliary draws) declares it when it
+registers, as ``requires(params, rollout) -> str | None``: given the loss's params and
+the run's rollout settings, the message that says what is missing and how to set it, or
+``None``. The config check calls it at load time, before any compute.
+
 Every registered loss first checks that its inputs are finite on unmasked tokens
 (:func:`~credo.objectives.inputs.check_finite_inputs`).
 """
@@ -21,13 +26,41 @@ import torch
 from credo.objectives.inputs import LossInputs, check_finite_inputs
 from credo.utils.registry import Registry, check_kwargs
 
-__all__ = ["LOSSES", "PolicyLoss", "get_loss", "loss_names", "register_loss", "validate_loss"]
+__all__ = [
+    "LOSSES",
+    "PolicyLoss",
+    "Requirement",
+    "get_loss",
+    "loss_names",
+    "loss_requirements",
+    "needs_teacher_scores",
+    "register_loss",
+    "validate_loss",
+]
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+#: ``requires(params, rollout) -> message | None`` (see the module docstring).
+Requirement = Callable[[Mapping[str, Any], Any], "str | None"]
 LOSSES: Registry[PolicyLoss] = Registry("loss")
 
 
-def register_loss(name: str, **meta: Any) -> Callable[[PolicyLoss], PolicyLoss]:
+def _nothing_required(params: Mapping[str, Any], rollout: Any) -> None:
+    return None
+
+
+def needs_teacher_scores(params: Mapping[str, Any], rollout: Any) -> str:
+    """The requirement of the distillation losses (``opd``, ``mt_sdpo``, ``renyi_opsd``)
+    until the trainer scores rollouts with a teacher: refuse them at config load."""
+    return (
+        "the distillation losses (opd, mt_sdpo, renyi_opsd) need a teacher's scores in "
+        "inputs.extras, which `credo train` does not compute yet; call them directly "
+        "(credo.objectives, with credo.teachers for the scores)"
+    )
+
+
+def register_loss(
+    name: str, *, requires: Requirement | None = None
+) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator: make ``fn`` available as ``objective.loss: <name>`` in configs.
 
     The registered (and returned) function is ``fn`` behind
@@ -35,6 +68,11 @@ def register_loss(name: str, **meta: Any) -> Callable[[PolicyLoss], PolicyLoss]:
     through the registry or directly, raises a ``ValueError`` naming the input that is
     NaN/±inf on an unmasked token instead of returning a NaN loss. The wrapper keeps
     ``fn``'s name, docstring and signature (``__wrapped__``).
+
+    Args:
+        name: the config name.
+        requires: what the loss needs from the run's settings (see the module
+            docstring); ``None``: nothing.
     """
 
     def deco(fn: PolicyLoss) -> PolicyLoss:
@@ -43,9 +81,14 @@ def register_loss(name: str, **meta: Any) -> Callable[[PolicyLoss], PolicyLoss]:
             check_finite_inputs(inputs, name)
             return fn(inputs, *args, **kwargs)
 
-        return LOSSES.register(name, **meta)(checked)
+        return LOSSES.register(name, requires=requires or _nothing_required)(checked)
 
     return deco
+
+
+def loss_requirements(name: str) -> Requirement:
+    """The ``requires`` check loss ``name`` registered (a no-op if none)."""
+    return LOSSES.meta(name)["requires"]
 
 
 def get_loss(name: str) -> PolicyLoss:

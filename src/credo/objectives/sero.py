@@ -1,8 +1,8 @@
 """SERO: the auxiliary loss on executable oracle continuations. [recon]
 
 SERO, "learning long-horizon agentic RL from executable oracle continuations" (Shanghai
-AI Laboratory, SJTU, Tongji; known to credo from the summary in
-``shared/seeds/000_*.txt``; ALGORITHMS.md §10). From states s the policy reached, the
+AI Laboratory, SJTU, Tongji; known to credo only from a summary of the paper;
+``docs/algorithms.md#sero``). From states s the policy reached, the
 env's oracle acts for K steps o_0 … o_{K−1} (:mod:`credo.rollout.oracle`). The loss is
 
     L = L_RL + λ_O · L_O,     L_O = −(1/S) Σ_s Σ_k w_k(s) · log π_θ(o_k | s, o_<k),

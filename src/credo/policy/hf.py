@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from credo.policy.base import Generation, SamplingParams
 
-__all__ = ["HFPolicy", "ScoreOutput"]
+__all__ = ["HFPolicy", "ScoreOutput", "require_peft"]
 
 try:  # transformers' per-file progress bars would fight with credo's own display
     from transformers.utils import logging as _hf_logging
@@ -42,6 +42,18 @@ except ImportError:  # pragma: no cover
 TRIM_MIN_VOCAB = 4096
 
 _CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
+
+def require_peft() -> Any:
+    """The ``peft`` module (LoRA adapters), or an ``ImportError`` that says how to
+    install it."""
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError(
+            "LoRA needs the 'peft' package: pip install peft (make smollm installs it)"
+        ) from exc
+    return peft
 
 
 @dataclass
@@ -134,8 +146,6 @@ class HFPolicy:
 
         adapter_cfg = Path(path) / "adapter_config.json"
         if adapter_cfg.exists():
-            from credo.policy.lora import require_peft
-
             peft = require_peft()
             base_path = json.loads(adapter_cfg.read_text()).get("base_model_name_or_path")
             if not base_path:
@@ -169,8 +179,6 @@ class HFPolicy:
         if (path / "adapter_model.safetensors").exists():
             if not self.is_peft:
                 raise ValueError(f"{path} holds LoRA adapters but the policy has none")
-            from credo.policy.lora import require_peft
-
             peft = require_peft()
             state = load_file(str(path / "adapter_model.safetensors"))
             own = set(peft.get_peft_model_state_dict(self.model))

@@ -18,11 +18,10 @@ warm-start policy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from credo.policy.hf import HFPolicy
+from credo.policy.hf import HFPolicy, require_peft
 
 __all__ = [
     "LLAMA_PROJECTIONS",
@@ -66,17 +65,6 @@ class LoRAConfig:
             raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
         if not self.target_modules:
             raise ValueError("model.lora.target_modules must name at least one layer")
-
-
-def require_peft() -> Any:
-    """The ``peft`` module, or an ``ImportError`` that says how to install it."""
-    try:
-        import peft
-    except ImportError as exc:
-        raise ImportError(
-            "LoRA needs the 'peft' package: pip install peft (make smollm installs it)"
-        ) from exc
-    return peft
 
 
 def apply_lora(policy: HFPolicy, cfg: LoRAConfig, *, seed: int = 0) -> HFPolicy:

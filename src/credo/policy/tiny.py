@@ -28,7 +28,13 @@ import torch
 from credo.policy.hf import HFPolicy
 from credo.policy.tokenizer import build_word_tokenizer
 
-__all__ = ["NUMBER_FREQUENCIES", "TinyModelConfig", "create_tiny_policy", "init_number_embeddings"]
+__all__ = [
+    "NUMBER_FREQUENCIES",
+    "TinyModelConfig",
+    "create_tiny_policy",
+    "init_number_embeddings",
+    "is_tiny",
+]
 
 #: Frequencies (in units of π per 100) of the value code given to number tokens.
 NUMBER_FREQUENCIES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -53,6 +59,12 @@ class TinyModelConfig:
     intermediate_size: int = 256
     max_position_embeddings: int = 512
     number_code: float = 1.0
+
+
+def is_tiny(policy: HFPolicy) -> bool:
+    """Whether ``policy`` is credo's built-in model (made by :func:`create_tiny_policy`,
+    or loaded from a folder one was saved in): its config records its size."""
+    return hasattr(policy.model.config, "credo_tiny")
 
 
 def create_tiny_policy(words: Iterable[str], cfg: TinyModelConfig, *, seed: int = 0) -> HFPolicy:

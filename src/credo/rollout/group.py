@@ -35,8 +35,8 @@ import torch
 
 from credo.data import Episode, ForestBuilder, RolloutForest, Step
 from credo.envs.base import Task, reset_env, snapshot_env, step_env
-from credo.policy.base import Policy, SamplingParams
-from credo.rollout.render import Renderer, Turn
+from credo.rollout.render import Turn
+from credo.rollout.sampler import SamplerContext, register_sampler
 
 __all__ = [
     "EpisodeRunner",
@@ -46,6 +46,7 @@ __all__ = [
     "episodes_to_forest",
     "run_episodes",
     "sample_groups",
+    "sample_single",
     "start_runners",
     "take_step",
     "trajectories_to_forest",
@@ -267,36 +268,28 @@ def take_step(
     return True
 
 
-def run_episodes(
-    runners: list[EpisodeRunner],
-    policy: Policy,
-    renderer: Renderer,
-    sampling: SamplingParams,
-    *,
-    max_turns: int,
-    generator: torch.Generator | None = None,
-    invalid_penalty: float = 0.0,
-) -> tuple[int, int]:
+def run_episodes(runners: list[EpisodeRunner], ctx: SamplerContext) -> tuple[int, int]:
     """Advance every runner to the end of its episode, one batched generation per turn.
 
-    ``max_turns`` caps each episode's length counted from its root (a branch that starts
-    at depth k has ``max_turns − k`` turns left). A runner with a ``forced`` prefix gets
+    ``ctx.max_turns`` caps each episode's length counted from its root (a branch that
+    starts at depth k has ``max_turns − k`` turns left). A runner with a ``forced`` prefix gets
     it appended to its prompt for that turn; its recorded response is the prefix plus
     the sampled tokens (with the prefix's original log-probs). Returns ``(env_steps,
     generated_tokens)``; steps are appended to each runner's ``episode.steps`` (see
     :func:`take_step`).
     """
+    policy, renderer = ctx.policy, ctx.renderer
     env_steps = gen_tokens = 0
     while True:
         for r in runners:
-            if not r.done and len(r.episode.steps) >= max_turns:
+            if not r.done and len(r.episode.steps) >= ctx.max_turns:
                 r.done = True  # the sampler's own turn cap ends what the env did not
         live = [r for r in runners if not r.done]
         if not live:
             break
         prompts = [renderer.prompt_ids(r.instruction, r.history, r.observation) for r in live]
         inputs = [p + r.forced.ids if r.forced else p for r, p in zip(live, prompts)]
-        gens = policy.generate(inputs, sampling, generator)
+        gens = policy.generate(inputs, ctx.sampling, ctx.generator)
         for r, prompt, gen in zip(live, prompts, gens):
             gen_tokens += len(gen.token_ids)
             response, logprobs, text = list(gen.token_ids), gen.logprobs.tolist(), gen.text
@@ -323,7 +316,7 @@ def run_episodes(
                 response_ids=response,
                 logprobs=logprobs,
                 token_data=token_data,
-                invalid_penalty=invalid_penalty,
+                invalid_penalty=ctx.invalid_penalty,
             ):
                 env_steps += 1
     return env_steps, gen_tokens
@@ -389,49 +382,30 @@ def episodes_to_forest(episodes: Sequence[Episode]) -> RolloutForest:
     return trajectories_to_forest([Trajectory(e) for e in episodes])[0]
 
 
+@register_sampler("group")
 def sample_groups(
-    policy: Policy,
-    renderer: Renderer,
-    make_env: Callable[[], Any],
+    ctx: SamplerContext,
     tasks: Sequence[Task],
     *,
     group_size: int,
-    sampling: SamplingParams,
-    max_turns: int,
-    generator: torch.Generator | None = None,
-    env_seed: int = 0,
-    invalid_penalty: float = 0.0,
-    keep_snapshots: bool = False,
+    params: None = None,
+    state: None = None,
 ) -> RolloutResult:
     """Run ``group_size`` episodes of each task (same task, same env seed) together.
 
     Args:
-        policy: samples the actions.
-        renderer: builds prompts and parses actions.
-        make_env: creates a fresh env (one per episode).
+        ctx: policy, renderer, env factory, sampling, turn cap, RNG (with
+            ``ctx.keep_snapshots`` an env snapshot is kept before every step, so that
+            add-ons can branch from any step).
         tasks: the tasks of this iteration; task ``i`` becomes group ``i``.
         group_size: G, episodes per task.
-        sampling: sampling parameters.
-        max_turns: the sampler's turn cap (envs usually end episodes earlier).
-        generator: torch RNG for sampling (deterministic runs).
-        env_seed: seed passed to ``env.reset``.
-        invalid_penalty: subtracted from the reward of an invalid action (GiGPO's −c).
-        keep_snapshots: keep an env snapshot before every step in the result's
-            trajectories (default False), so that add-ons can branch from any step.
+        params, state: unused (the group sampler has no knobs and keeps no state).
     """
     start = time.perf_counter()
     runners = start_runners(
-        make_env, tasks, group_size, env_seed=env_seed, keep_snapshots=keep_snapshots
+        ctx.make_env, tasks, group_size, env_seed=ctx.env_seed, keep_snapshots=ctx.keep_snapshots
     )
-    env_steps, gen_tokens = run_episodes(
-        runners,
-        policy,
-        renderer,
-        sampling,
-        max_turns=max_turns,
-        generator=generator,
-        invalid_penalty=invalid_penalty,
-    )
+    env_steps, gen_tokens = run_episodes(runners, ctx)
     trajectories = [Trajectory(r.episode, runner=r) for r in runners]
     return RolloutResult(
         forest=trajectories_to_forest(trajectories)[0],
@@ -441,3 +415,17 @@ def sample_groups(
         seconds=time.perf_counter() - start,
         trajectories=trajectories,
     )
+
+
+@register_sampler("single")
+def sample_single(
+    ctx: SamplerContext,
+    tasks: Sequence[Task],
+    *,
+    group_size: int = 1,
+    params: None = None,
+    state: None = None,
+) -> RolloutResult:
+    """One episode per task (KLPO): the group sampler with G = 1, whatever
+    ``group_size`` says."""
+    return sample_groups(ctx, tasks, group_size=1)

@@ -1,7 +1,7 @@
 """Oracle continuations for SERO: the env's oracle, run from states the policy reached.
 [recon]
 
-SERO (ALGORITHMS.md §10; summary in ``shared/seeds/000_*.txt``) adds supervised
+SERO (``docs/algorithms.md#sero``) adds supervised
 signal from a training-time oracle without touching the RL part: from states the
 policy actually reached, restore the env and let its ``oracle_action()`` act for K
 steps; keep the continuation only if it executes. The auxiliary loss
@@ -29,9 +29,7 @@ policy-gradient loss. Their ``old_logprobs`` are zeros (nothing sampled them).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -39,7 +37,7 @@ from credo.data import SOURCES, RolloutForest, TokenBatch
 from credo.data.ops import segment_max
 from credo.rollout.branch import try_restore
 from credo.rollout.group import RolloutResult, Trajectory, take_step, trajectories_to_forest
-from credo.rollout.render import Renderer
+from credo.rollout.sampler import SamplerContext
 
 __all__ = [
     "ORACLE",
@@ -58,31 +56,24 @@ ORACLE_STARTS = ("all", "failed")
 
 def add_oracle_continuations(
     result: RolloutResult,
-    make_env: Callable[[], Any],
-    renderer: Renderer,
+    ctx: SamplerContext,
     *,
     horizon: int,
     per_group: int = 2,
     start: str = "all",
-    max_turns: int | None = None,
-    generator: torch.Generator | None = None,
-    env_seed: int = 0,
-    on_divergence: str = "error",
 ) -> RolloutResult:
     """``result`` plus oracle continuations (see the module docstring).
 
     Args:
         result: a sampler's output whose trajectories kept env snapshots.
-        make_env: creates a fresh env (it must have ``oracle_action()``).
-        renderer: builds the oracle rows' prompts and response tokens.
+        ctx: the sampler's context: its env factory (the env must have
+            ``oracle_action()``), renderer (builds the oracle rows' prompts and response
+            tokens), turn cap (counted from the root), ``choices`` (the RNG of the start
+            choice; the policy's sampling RNG is not touched), env seed and
+            ``on_divergence`` (see :mod:`credo.rollout.branch`).
         horizon: K ≥ 1, most oracle steps per continuation.
         per_group: start states per group (default 2; fewer when a group has fewer rows).
         start: ``"all"`` (default) or ``"failed"`` (only rows on failed paths).
-        max_turns: the turn cap counted from the root (default: none besides K).
-        generator: torch RNG of the start choice (default: seeded with 0). The policy's
-            sampling RNG is not touched.
-        env_seed: seed passed to ``env.reset``.
-        on_divergence: ``"error"`` or ``"skip"`` (see :mod:`credo.rollout.branch`).
 
     Returns:
         A new :class:`RolloutResult`: the same episodes, the forest with the oracle rows
@@ -90,6 +81,7 @@ def add_oracle_continuations(
         ``rollout/oracle_continuations`` (kept), ``rollout/oracle_dropped`` and
         ``rollout/oracle_steps`` (rows kept).
     """
+    make_env, renderer, max_turns = ctx.make_env, ctx.renderer, ctx.max_turns
     if horizon < 1:
         raise ValueError(f"oracle horizon must be ≥ 1, got {horizon}")
     if start not in ORACLE_STARTS:
@@ -99,8 +91,6 @@ def add_oracle_continuations(
     trajectories = list(result.trajectories)
     if not trajectories:
         raise ValueError("add_oracle_continuations: the sampler result has no trajectories")
-    if generator is None:
-        generator = torch.Generator().manual_seed(0)
     forest, owner = trajectories_to_forest(trajectories)
     stats = dict(result.stats)
     candidate = forest.source != ORACLE
@@ -115,16 +105,16 @@ def add_oracle_continuations(
         rows = torch.nonzero(candidate & (forest.group == g), as_tuple=False).flatten()
         if rows.numel() == 0:
             continue
-        chosen = rows[torch.randperm(rows.numel(), generator=generator)[:per_group]]
+        chosen = rows[torch.randperm(rows.numel(), generator=ctx.choices)[:per_group]]
         for row in chosen.sort().values.tolist():
             src, depth = int(owner[row]), int(forest.t[row])
             runner = try_restore(
                 make_env,
                 trajectories[src],
                 depth,
-                on_divergence=on_divergence,
+                on_divergence=ctx.on_divergence,
                 stats=stats,
-                env_seed=env_seed,
+                env_seed=ctx.env_seed,
                 source="oracle",
                 keep_snapshots=False,
             )

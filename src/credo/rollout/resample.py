@@ -1,6 +1,6 @@
 """Resample sampler for AXPO: re-sample the tool calls of all-failed groups. [page; recon]
 
-AXPO (Kang et al. 2026, https://arxiv.org/abs/2605.28774; ALGORITHMS.md §7) targets
+AXPO (Kang et al. 2026, https://arxiv.org/abs/2605.28774; docs/algorithms.md#axpo) targets
 *tool collapse*: many groups that use tools fail entirely and give GRPO no signal. After
 an ordinary group rollout (:func:`~credo.rollout.group.sample_groups`, G episodes per
 task), for every **all-failed** group (no episode succeeded) that has **tool-call steps**
@@ -28,9 +28,10 @@ of an iteration advance together, one batched ``generate`` call per turn.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,6 @@ import torch
 
 from credo.data import Step
 from credo.envs.base import Task
-from credo.policy.base import Policy, SamplingParams
 from credo.rollout.branch import try_restore
 from credo.rollout.group import (
     ForcedPrefix,
@@ -48,7 +48,7 @@ from credo.rollout.group import (
     sample_groups,
     trajectories_to_forest,
 )
-from credo.rollout.render import Renderer
+from credo.rollout.sampler import SamplerContext, register_sampler
 
 __all__ = [
     "ResampleParams",
@@ -158,37 +158,25 @@ def resample_points(
     return counts
 
 
+@register_sampler("resample", params=ResampleParams)
 def sample_resampled(
-    policy: Policy,
-    renderer: Renderer,
-    make_env: Callable[[], Any],
+    ctx: SamplerContext,
     tasks: Sequence[Task],
     *,
     group_size: int,
-    sampling: SamplingParams,
-    max_turns: int,
     params: ResampleParams | None = None,
-    generator: torch.Generator | None = None,
-    env_seed: int = 0,
-    invalid_penalty: float = 0.0,
-    on_divergence: str = "error",
+    state: None = None,
 ) -> RolloutResult:
     """Group rollouts plus AXPO tool-call resamples (see the module docstring).
 
     Args:
-        policy: samples the actions.
-        renderer: builds prompts and parses actions.
-        make_env: creates a fresh env.
+        ctx: policy, renderer, env factory, sampling, turn cap (of every path, counted
+            from its root) and the policy's RNG (the original episodes are the ones
+            :func:`~credo.rollout.group.sample_groups` draws with it).
         tasks: the tasks; task ``i`` is group ``i``.
         group_size: G, the original episodes per task.
-        sampling: sampling parameters.
-        max_turns: the turn cap of every path, counted from its root.
         params: the knobs (default :class:`ResampleParams` ()).
-        generator: torch RNG of the policy's sampling (the original episodes are the
-            ones :func:`~credo.rollout.group.sample_groups` draws with it).
-        env_seed: seed passed to ``env.reset``.
-        invalid_penalty: subtracted from the reward of an invalid action.
-        on_divergence: ``"error"`` or ``"skip"`` (see :mod:`credo.rollout.branch`).
+        state: unused (the resample sampler keeps no state).
 
     Returns:
         The forest of originals and resamples; ``episodes`` lists both (originals
@@ -200,17 +188,7 @@ def sample_resampled(
     params = params or ResampleParams()
     start = time.perf_counter()
     base = sample_groups(
-        policy,
-        renderer,
-        make_env,
-        tasks,
-        group_size=group_size,
-        sampling=sampling,
-        max_turns=max_turns,
-        generator=generator,
-        env_seed=env_seed,
-        invalid_penalty=invalid_penalty,
-        keep_snapshots=True,
+        dataclasses.replace(ctx, keep_snapshots=True), tasks, group_size=group_size
     )
     trajectories = list(base.trajectories)
     stats: dict[str, float] = {}
@@ -228,7 +206,7 @@ def sample_resampled(
             if not env.is_tool_call(step.action):
                 continue
             think = (
-                thinking_length(step, policy.tokenizer, params.think_end)
+                thinking_length(step, ctx.policy.tokenizer, params.think_end)
                 if params.keep_thinking
                 else 0
             )
@@ -251,12 +229,12 @@ def sample_resampled(
         step = trajectories[k].episode.steps[depth]
         for _ in range(c):
             runner = try_restore(
-                make_env,
+                ctx.make_env,
                 trajectories[k],
                 depth,
-                on_divergence=on_divergence,
+                on_divergence=ctx.on_divergence,
                 stats=stats,
-                env_seed=env_seed,
+                env_seed=ctx.env_seed,
                 source="resample",
             )
             if runner is None:
@@ -269,15 +247,7 @@ def sample_resampled(
                 )
             trajectories.append(Trajectory(runner.episode, k, depth, runner))
             runners.append(runner)
-    env_steps, tokens = run_episodes(
-        runners,
-        policy,
-        renderer,
-        sampling,
-        max_turns=max_turns,
-        generator=generator,
-        invalid_penalty=invalid_penalty,
-    )
+    env_steps, tokens = run_episodes(runners, ctx)
     stats["rollout/resample_groups"] = float(len({cand_group[i] for i in range(len(cand))}))
     stats["rollout/resample_points"] = float(len(chosen_conf))
     stats["rollout/resampled"] = float(len(runners))

@@ -1,7 +1,7 @@
 """Tree sampler for TSBPO: roots, then branches restarted from env snapshots. [recon]
 
-TSBPO ("tree-structured branch policy optimisation", ALGORITHMS.md §5; known to credo
-from the summary in ``shared/seeds/003_*.txt``) samples each task as a physical tree:
+TSBPO ("tree-structured branch policy optimisation", ``docs/algorithms.md#tsbpo``;
+known to credo only from a summary of the paper) samples each task as a physical tree:
 a budget of B env-episodes (leaves) per task is split between N_root independent root
 episodes and B − N_root branches, each restarted from an env snapshot at a chosen node
 and run to the end. A branch shares its prefix: its rows hang under the prefix's rows
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,6 @@ import torch
 from credo.data import RolloutForest
 from credo.data.ops import segment_count
 from credo.envs.base import Task
-from credo.policy.base import Policy, SamplingParams
 from credo.rollout.branch import try_restore
 from credo.rollout.group import (
     RolloutResult,
@@ -63,7 +62,7 @@ from credo.rollout.group import (
     start_runners,
     trajectories_to_forest,
 )
-from credo.rollout.render import Renderer
+from credo.rollout.sampler import SamplerContext, register_sampler
 
 __all__ = [
     "ALLOCATORS",
@@ -285,41 +284,34 @@ def choose_nodes(scores: torch.Tensor, k: int, generator: torch.Generator | None
     return node[order[:k]]
 
 
+def _tree_state(params: TreeParams) -> LikelihoodAllocator | None:
+    """The likelihood allocator's model, kept across iterations (``None`` for
+    ``uniform``)."""
+    if params.allocator == "likelihood":
+        return LikelihoodAllocator(params.fit_decay, params.fit_l2)
+    return None
+
+
+@register_sampler("tree", params=TreeParams, state=_tree_state)
 def sample_trees(
-    policy: Policy,
-    renderer: Renderer,
-    make_env: Callable[[], Any],
+    ctx: SamplerContext,
     tasks: Sequence[Task],
     *,
-    budget: int,
-    sampling: SamplingParams,
-    max_turns: int,
+    group_size: int,
     params: TreeParams | None = None,
     state: LikelihoodAllocator | None = None,
-    generator: torch.Generator | None = None,
-    choice_generator: torch.Generator | None = None,
-    env_seed: int = 0,
-    invalid_penalty: float = 0.0,
-    on_divergence: str = "error",
 ) -> RolloutResult:
-    """One tree of ``budget`` leaves per task (see the module docstring).
+    """One tree of ``group_size`` leaves per task (see the module docstring).
 
     Args:
-        policy: samples the actions.
-        renderer: builds prompts and parses actions.
-        make_env: creates a fresh env.
+        ctx: policy, renderer, env factory, sampling, turn cap (of every path, counted
+            from its root), the policy's RNG and ``ctx.choices``, the RNG of the node
+            choices.
         tasks: the tasks; task ``i`` is group ``i``.
-        budget: B, leaves (env-episodes) per task (≥ 1).
-        sampling: sampling parameters.
-        max_turns: the turn cap of every path, counted from its root.
+        group_size: B, leaves (env-episodes) per task (≥ 1).
         params: the knobs (default :class:`TreeParams` ()).
         state: the likelihood allocator's model, updated in place with this
             iteration's trees (default: a fresh one, for ``allocator="likelihood"``).
-        generator: torch RNG of the policy's sampling.
-        choice_generator: torch RNG of the node choices (default: seeded with 0).
-        env_seed: seed passed to ``env.reset``.
-        invalid_penalty: subtracted from the reward of an invalid action.
-        on_divergence: ``"error"`` or ``"skip"`` (see :mod:`credo.rollout.branch`).
 
     Returns:
         The trees as one forest (``episodes`` lists every root-to-leaf path); ``stats``
@@ -327,15 +319,14 @@ def sample_trees(
         in all), ``rollout/tree_branch_depth`` (mean depth of the branch points) and,
         for the likelihood allocator, ``rollout/tree_p_root``.
     """
+    budget, max_turns, make_env = group_size, ctx.max_turns, ctx.make_env
     params = params or TreeParams()
     if budget < 1:
         raise ValueError(f"tree budget must be ≥ 1, got {budget}")
     start = time.perf_counter()
     likelihood = params.allocator == "likelihood"
     if likelihood and state is None:
-        state = LikelihoodAllocator(params.fit_decay, params.fit_l2)
-    if choice_generator is None:
-        choice_generator = torch.Generator().manual_seed(0)
+        state = _tree_state(params)
     stats: dict[str, float] = {}
     if likelihood:
         root_phi = torch.zeros(1, len(FEATURES), dtype=torch.float64)
@@ -355,19 +346,11 @@ def sample_trees(
     totals = [0, 0]  # env steps, generated tokens
 
     def run(runners: list) -> None:
-        steps, tokens = run_episodes(
-            runners,
-            policy,
-            renderer,
-            sampling,
-            max_turns=max_turns,
-            generator=generator,
-            invalid_penalty=invalid_penalty,
-        )
+        steps, tokens = run_episodes(runners, ctx)
         totals[0] += steps
         totals[1] += tokens
 
-    roots = start_runners(make_env, tasks, n_root, env_seed=env_seed, keep_snapshots=True)
+    roots = start_runners(make_env, tasks, n_root, env_seed=ctx.env_seed, keep_snapshots=True)
     trajectories = [Trajectory(r.episode, runner=r) for r in roots]
     run(roots)
 
@@ -391,7 +374,7 @@ def sample_trees(
         new_runners = []
         for g, task in enumerate(tasks):
             nodes = torch.nonzero(eligible & (forest.group == g), as_tuple=False).flatten()
-            picks = nodes[choose_nodes(scores[nodes], k, choice_generator)].tolist()
+            picks = nodes[choose_nodes(scores[nodes], k, ctx.choices)].tolist()
             fresh = k - len(picks)
             for row in picks:
                 src = int(owner[row])
@@ -400,9 +383,9 @@ def sample_trees(
                     make_env,
                     trajectories[src],
                     depth,
-                    on_divergence=on_divergence,
+                    on_divergence=ctx.on_divergence,
                     stats=stats,
-                    env_seed=env_seed,
+                    env_seed=ctx.env_seed,
                 )
                 if runner is None:
                     fresh += 1
@@ -413,7 +396,7 @@ def sample_trees(
                 depth_sum += depth
             if fresh:
                 more = start_runners(
-                    make_env, [task], fresh, env_seed=env_seed, keep_snapshots=True, groups=[g]
+                    make_env, [task], fresh, env_seed=ctx.env_seed, keep_snapshots=True, groups=[g]
                 )
                 trajectories.extend(Trajectory(r.episode, runner=r) for r in more)
                 new_runners.extend(more)

@@ -23,9 +23,10 @@ from typing import Any
 
 import yaml
 
-from credo.train.config import Config, load_config
+from credo.train.config import Config, ConfigError, load_config
 from credo.train.logging import read_metrics
 from credo.train.loop import train
+from credo.utils.atomic import write_text_atomic
 
 __all__ = ["RecipeSummary", "compare"]
 
@@ -115,36 +116,45 @@ def compare(
         smooth: moving-average window (iterations) of the success curves.
         on_run: called with ``(recipe, seed, index, total)`` before each run.
     """
+    if not recipes or not seeds:
+        raise ConfigError("compare needs at least one recipe and one seed")
+    ref_name = reference or ("grpo" if "grpo" in recipes else recipes[0])
+    if ref_name not in recipes:
+        raise ConfigError(
+            f"--reference {ref_name!r} is not one of the compared recipes: {', '.join(recipes)}"
+        )
     out_dir = Path(out_dir)
+    # every config is loaded (and so checked) before the first run trains
+    runs = [
+        (seed, recipe, f"{Path(recipe).stem}-seed{seed}") for seed in seeds for recipe in recipes
+    ]
+    configs = [
+        load_config(
+            recipe,
+            [
+                *(overrides or []),
+                f"train.seed={seed}",
+                f"train.runs_dir={out_dir}",
+                f"train.name={name}",
+            ],
+        )
+        for seed, recipe, name in runs
+    ]
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {r: RecipeSummary(Path(r).stem) for r in recipes}
-    total, k = len(recipes) * len(seeds), 0
-    for seed in seeds:
-        for recipe in recipes:
-            name = f"{Path(recipe).stem}-seed{seed}"
-            cfg = load_config(
-                recipe,
-                [
-                    *(overrides or []),
-                    f"train.seed={seed}",
-                    f"train.runs_dir={out_dir}",
-                    f"train.name={name}",
-                ],
-            )
-            if on_run is not None:
-                on_run(recipe, seed, k, total)
-            k += 1
-            res = _run_one(cfg, out_dir / name)
-            s = summaries[recipe]
-            s.final.append(res["final"])
-            if res["warm"] is not None:
-                s.warm.append(res["warm"])
-            m = res["metrics"]
-            s.curves.append([(r["rollout/env_steps_total"], r["rollout/success_rate"]) for r in m])
-            s.iteration_s.append(statistics.fmean(r["time/iteration_s"] for r in m))
-            s.update_s.append(statistics.fmean(r["time/update_s"] for r in m))
+    for k, ((seed, recipe, name), cfg) in enumerate(zip(runs, configs)):
+        if on_run is not None:
+            on_run(recipe, seed, k, len(runs))
+        res = _run_one(cfg, out_dir / name)
+        s = summaries[recipe]
+        s.final.append(res["final"])
+        if res["warm"] is not None:
+            s.warm.append(res["warm"])
+        m = res["metrics"]
+        s.curves.append([(r["rollout/env_steps_total"], r["rollout/success_rate"]) for r in m])
+        s.iteration_s.append(statistics.fmean(r["time/iteration_s"] for r in m))
+        s.update_s.append(statistics.fmean(r["time/update_s"] for r in m))
 
-    ref_name = reference or ("grpo" if "grpo" in recipes else recipes[0])
     ref = summaries[ref_name]
     ref_curve = _mean_curve(ref.curves, smooth)
     threshold = statistics.fmean(y for _, y in ref_curve[-smooth:])
@@ -192,7 +202,8 @@ def _write(
     overrides: list[str],
     smooth: int,
 ) -> None:
-    (out_dir / "compare.json").write_text(
+    write_text_atomic(
+        out_dir / "compare.json",
         json.dumps(
             {
                 "reference": ref,
@@ -202,7 +213,7 @@ def _write(
                 "recipes": [s.to_dict() for s in summaries],
             },
             indent=1,
-        )
+        ),
     )
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in _table_rows(summaries)]
@@ -211,7 +222,7 @@ def _write(
         f"Reference: {ref}'s final training success {threshold:.1%} "
         f"({smooth}-iteration moving average, mean over seeds {seeds})."
     )
-    (out_dir / "compare.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out_dir / "compare.md", "\n".join(lines) + "\n")
 
     import matplotlib
 

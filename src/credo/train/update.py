@@ -28,12 +28,15 @@ from credo.objectives import (
     LossInputs,
     action_logprobs,
     aggregation_weights,
+    entropy_bonus,
     get_loss,
     kl_estimate,
+    kl_loss,
     reachability_log_weights,
     sero_loss,
 )
 from credo.objectives.kl import kl_reward_penalty
+from credo.objectives.klpo import sampler_extras, sampler_token_ids
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
 from credo.rollout import OracleBatch
@@ -238,7 +241,7 @@ def policy_update(
     batch: TokenBatch,
     *,
     iteration: int,
-    generator: torch.Generator,
+    generator: torch.Generator | None,
     oracle: OracleBatch | None = None,
 ) -> dict[str, float]:
     """Run the configured number of epochs/mini-batches on ``batch``; return metrics.
@@ -256,139 +259,166 @@ def policy_update(
         generator: RNG of the mini-batch shuffles.
         oracle: SERO's oracle rows, or ``None``.
     """
-    cfg, policy = ctx.cfg, ctx.policy
-    obj, opt_cfg = cfg.objective, cfg.optim
-    temperature = cfg.rollout.temperature
-    loss_fn = get_loss(obj.loss)
-    micro = opt_cfg.micro_batch_rows
-    micro_tokens = opt_cfg.micro_batch_tokens
+    opt_cfg = ctx.cfg.optim
     # Row order grouped by episode (so that chunks can be cut at episode boundaries).
-    by_episode = torch.argsort(
-        batch.episode * (batch.row.max() + 1 if len(batch) else 1) + batch.row
+    batch = batch.index(
+        torch.argsort(batch.episode * (batch.row.max() + 1 if len(batch) else 1) + batch.row)
     )
-    batch = batch.index(by_episode)
-    policy.model.train()
-    # With one optimizer step per batch, π_old is the policy as it is now: the step's own
-    # forward pass (detached) gives exactly what a separate scoring pass would, for free.
-    single_step = opt_cfg.epochs * opt_cfg.minibatches == 1
-    if opt_cfg.recompute_old_logprobs and not single_step:
-        batch.old_logprobs = score_batch(
-            policy, batch, temperature=temperature, micro_rows=micro, micro_tokens=micro_tokens
-        )
-    ref_lp = None
-    if ctx.ref_policy is not None and obj.kl_coef > 0:
-        ref_lp = score_batch(
-            ctx.ref_policy,
-            batch,
-            temperature=temperature,
-            micro_rows=micro,
-            micro_tokens=micro_tokens,
-        )
+    ctx.policy.model.train()
+    ref_lp = _prepare(ctx, batch)
     oracle_w = oracle_log_weights(ctx, oracle) if oracle is not None else None
-
     totals: dict[str, float] = defaultdict(float)
     steps = 0
-    episodes = torch.unique(batch.episode)
     for _ in range(opt_cfg.epochs):
-        perm = episodes[torch.randperm(episodes.numel(), generator=generator)]
-        rank = torch.empty(int(batch.episode.max()) + 1 if len(batch) else 0, dtype=torch.long)
-        rank[perm] = torch.arange(perm.numel())
-        order = torch.argsort(rank[batch.episode] * (len(batch) + 1) + torch.arange(len(batch)))
-        minibatches = _episode_chunks(batch.episode, order, opt_cfg.minibatches)
+        minibatches = _episode_chunks(
+            batch.episode, _shuffled_rows(batch.episode, generator), opt_cfg.minibatches
+        )
         for mb_index, mb_rows in enumerate(minibatches):
-            mb = batch.index(mb_rows)
-            weights = aggregation_weights(
-                mb.loss_mask,
-                obj.aggregation,
-                episode=mb.episode,
-                turn=mb.turn,
-                **obj.aggregation_params,
+            metrics = _minibatch_step(
+                ctx,
+                batch.index(mb_rows),
+                None if ref_lp is None else ref_lp[mb_rows],
+                iteration,
+                oracle_part=None
+                if oracle is None
+                else (oracle, oracle_w, mb_index, len(minibatches)),
             )
-            ctx.optimizer.zero_grad(set_to_none=True)
-            step_metrics: dict[str, float] = defaultdict(float)
-            lengths = mb.attention_mask.sum(1)
-            for idx in _micro_chunks(
-                mb.episode, torch.arange(len(mb)), micro, lengths, micro_tokens
-            ):
-                sub = mb.index(idx).trim()
-                width = sub.input_ids.shape[1]
-                w = weights[idx][:, :width]
-                # KLPO: the trainer's log-probs of the sampler's auxiliary draws and of its
-                # top-K head tokens, gathered in the same pass ([B, L, M + K])
-                sampler_sets = [n for n in ("aux", "topk") if f"{n}_ids" in sub.token_extras]
-                extra_ids = (
-                    torch.cat([sub.token_extras[f"{n}_ids"] for n in sampler_sets], -1)
-                    if sampler_sets
-                    else None
-                )
-                sc = policy.score(
-                    sub.input_ids,
-                    sub.attention_mask,
-                    temperature=temperature,
-                    entropy=True,
-                    entropy_grad=obj.entropy_coef > 0,
-                    extra_ids=extra_ids,
-                    scored=sub.response_mask,
-                )
-                extras = {}
-                start = 0
-                for n in sampler_sets:
-                    size = sub.token_extras[f"{n}_ids"].shape[-1]
-                    extras[f"{n}_logprobs"] = sc.extra_logprobs[..., start : start + size]
-                    extras[f"{n}_old_logprobs"] = sub.token_extras[f"{n}_old_logprobs"].to(
-                        sc.logprobs.device
-                    )
-                    start += size
-                mask = sub.loss_mask
-                inputs = LossInputs(
-                    logprobs=sc.logprobs,
-                    old_logprobs=(
-                        sc.logprobs.detach()
-                        if opt_cfg.recompute_old_logprobs and single_step
-                        else sub.old_logprobs.to(sc.logprobs.device)
-                    ),
-                    advantages=sub.advantages.to(sc.logprobs.device),
-                    mask=mask.to(sc.logprobs.device),
-                    weights=w.to(sc.logprobs.device),
-                    episode=sub.episode,
-                    turn=sub.turn,
-                    ref_logprobs=None if ref_lp is None else ref_lp[mb_rows][idx][:, :width],
-                    entropy=sc.entropy,
-                    step=iteration,
-                    extras=extras,
-                )
-                loss, metrics = loss_fn(inputs, **obj.params)
-                wm = inputs.weights * inputs.mask
-                if inputs.ref_logprobs is not None and obj.kl_coef > 0:
-                    kl = kl_estimate(
-                        sc.logprobs, inputs.ref_logprobs.to(sc.logprobs.device), obj.kl_estimator
-                    )
-                    kl_term = (torch.where(inputs.mask, kl, torch.zeros_like(kl)) * wm).sum()
-                    loss = loss + obj.kl_coef * kl_term
-                    metrics["loss/kl"] = kl_term.detach()
-                if obj.entropy_coef > 0:  # entropy bonus
-                    loss = loss - obj.entropy_coef * (sc.entropy * wm).sum()
-                metrics["policy/entropy"] = (sc.entropy.detach() * wm).sum()
-                loss.backward()
-                for k, v in metrics.items():
-                    step_metrics[k] += float(v)
-                step_metrics["loss/total"] += float(loss.detach())
-            if oracle is not None:  # this mini-batch's share of the continuations, in order
-                part = oracle.chain * len(minibatches) // max(1, oracle.num_chains)
-                rows = torch.nonzero(part == mb_index, as_tuple=False).flatten()
-                _oracle_step(ctx, oracle, oracle_w, rows, step_metrics)
-            # `policy/*` metrics are Σ w·x; divide by Σ w so that they read as weighted means
-            # under every aggregation (the *-mean modes already have Σ w = 1).
-            total_w = float((weights * mb.loss_mask).sum())
-            for k in step_metrics:
-                if k.startswith("policy/") and total_w > 0:
-                    step_metrics[k] /= total_w
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                trainable_parameters(policy.model), opt_cfg.grad_clip
-            )
-            ctx.optimizer.step()
-            step_metrics["policy/grad_norm"] = float(grad_norm)
-            for k, v in step_metrics.items():
+            for k, v in metrics.items():
                 totals[k] += v
             steps += 1
     return {k: v / max(1, steps) for k, v in totals.items()}
+
+
+def _single_step(ctx: UpdateContext) -> bool:
+    """One optimizer step per batch: π_old is the policy as it is now, so the step's own
+    forward pass (detached) gives exactly what a separate scoring pass would, for free."""
+    opt = ctx.cfg.optim
+    return opt.recompute_old_logprobs and opt.epochs * opt.minibatches == 1
+
+
+def _prepare(ctx: UpdateContext, batch: TokenBatch) -> torch.Tensor | None:
+    """Score π_old (when several steps share the batch and the config asks to recompute
+    it; in place) and the reference (when a KL loss needs it; returned), before any
+    optimizer step."""
+    cfg = ctx.cfg
+    score = {
+        "temperature": cfg.rollout.temperature,
+        "micro_rows": cfg.optim.micro_batch_rows,
+        "micro_tokens": cfg.optim.micro_batch_tokens,
+    }
+    if cfg.optim.recompute_old_logprobs and not _single_step(ctx):
+        batch.old_logprobs = score_batch(ctx.policy, batch, **score)
+    if ctx.ref_policy is not None and cfg.objective.kl_coef > 0:
+        return score_batch(ctx.ref_policy, batch, **score)
+    return None
+
+
+def _shuffled_rows(episode: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Row indices with the episodes in a random order (rows of one episode together and
+    in their order)."""
+    episodes = torch.unique(episode)
+    perm = episodes[torch.randperm(episodes.numel(), generator=generator)]
+    rank = torch.empty(int(episode.max()) + 1 if episode.numel() else 0, dtype=torch.long)
+    rank[perm] = torch.arange(perm.numel())
+    n = episode.numel()
+    return torch.argsort(rank[episode] * (n + 1) + torch.arange(n))
+
+
+def _minibatch_step(
+    ctx: UpdateContext,
+    mb: TokenBatch,
+    ref_lp: torch.Tensor | None,
+    iteration: int,
+    *,
+    oracle_part: tuple[OracleBatch, torch.Tensor, int, int] | None,
+) -> dict[str, float]:
+    """One optimizer step on mini-batch ``mb``: the aggregation weights of the whole
+    mini-batch, gradients accumulated over micro-batches (plus this mini-batch's share of
+    SERO's oracle rows), clipped, one step. Returns the step's metrics."""
+    cfg = ctx.cfg
+    obj = cfg.objective
+    weights = aggregation_weights(
+        mb.loss_mask, obj.aggregation, episode=mb.episode, turn=mb.turn, **obj.aggregation_params
+    )
+    ctx.optimizer.zero_grad(set_to_none=True)
+    metrics: dict[str, float] = defaultdict(float)
+    lengths = mb.attention_mask.sum(1)
+    chunks = _micro_chunks(
+        mb.episode,
+        torch.arange(len(mb)),
+        cfg.optim.micro_batch_rows,
+        lengths,
+        cfg.optim.micro_batch_tokens,
+    )
+    for idx in chunks:
+        sub = mb.index(idx).trim()
+        width = sub.input_ids.shape[1]
+        ref = None if ref_lp is None else ref_lp[idx][:, :width]
+        loss, m = _micro_loss(ctx, sub, weights[idx][:, :width], ref, iteration)
+        loss.backward()
+        for k, v in m.items():
+            metrics[k] += float(v)
+        metrics["loss/total"] += float(loss.detach())
+    if oracle_part is not None:  # this mini-batch's share of the continuations, in order
+        oracle, log_w, index, parts = oracle_part
+        part = oracle.chain * parts // max(1, oracle.num_chains)
+        _oracle_step(ctx, oracle, log_w, torch.nonzero(part == index).flatten(), metrics)
+    # `policy/*` metrics are Σ w·x; divide by Σ w so that they read as weighted means
+    # under every aggregation (the *-mean modes already have Σ w = 1).
+    total_w = float((weights * mb.loss_mask).sum())
+    for k in metrics:
+        if k.startswith("policy/") and total_w > 0:
+            metrics[k] /= total_w
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        trainable_parameters(ctx.policy.model), cfg.optim.grad_clip
+    )
+    ctx.optimizer.step()
+    metrics["policy/grad_norm"] = float(grad_norm)
+    return metrics
+
+
+def _micro_loss(
+    ctx: UpdateContext,
+    sub: TokenBatch,
+    weights: torch.Tensor,
+    ref_lp: torch.Tensor | None,
+    iteration: int,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one micro-batch, ready for ``backward``: the policy loss, plus the KL
+    term to the reference and the entropy bonus when configured."""
+    cfg = ctx.cfg
+    obj = cfg.objective
+    sc = ctx.policy.score(
+        sub.input_ids,
+        sub.attention_mask,
+        temperature=cfg.rollout.temperature,
+        entropy=True,
+        entropy_grad=obj.entropy_coef > 0,
+        extra_ids=sampler_token_ids(sub.token_extras),  # KLPO's draws and top-K head
+        scored=sub.response_mask,
+    )
+    dev = sc.logprobs.device
+    mask = sub.loss_mask.to(dev)
+    inputs = LossInputs(
+        logprobs=sc.logprobs,
+        old_logprobs=(sc.logprobs.detach() if _single_step(ctx) else sub.old_logprobs.to(dev)),
+        advantages=sub.advantages.to(dev),
+        mask=mask,
+        weights=weights.to(dev),
+        episode=sub.episode,
+        turn=sub.turn,
+        ref_logprobs=ref_lp,
+        entropy=sc.entropy,
+        step=iteration,
+        extras=sampler_extras(sc.extra_logprobs, sub.token_extras),
+    )
+    loss, metrics = get_loss(obj.loss)(inputs, **obj.params)
+    if ref_lp is not None and obj.kl_coef > 0:
+        kl = kl_estimate(sc.logprobs, ref_lp.to(dev), obj.kl_estimator)
+        kl_term = kl_loss(kl, inputs.weights, mask, 1.0)
+        loss = loss + obj.kl_coef * kl_term
+        metrics["loss/kl"] = kl_term.detach()
+    if obj.entropy_coef > 0:
+        loss = loss - obj.entropy_coef * entropy_bonus(sc.entropy, inputs.weights, mask)
+    metrics.setdefault("policy/entropy", entropy_bonus(sc.entropy.detach(), inputs.weights, mask))
+    return loss, metrics

@@ -1,31 +1,26 @@
-"""The run configuration: typed dataclasses, YAML recipes and dotted overrides.
+"""The config schema: one typed dataclass per section, every field documented with its
+default, and the checked conversion of a plain mapping (YAML) into them.
 
-A run is one :class:`Config`. It is built from a recipe (``src/credo/train/recipes/
-<name>.yaml``; a recipe may ``inherit`` another one, e.g. ``base``), then from
-``key.sub=value`` overrides (values parsed as YAML: ``3``, ``0.1``, ``true``, ``[1, 2]``,
-``{a: 1}``). Every key and every registry name is checked with an error that says what is
-valid. ``Config.to_dict()`` is what a run saves as ``config.yaml``.
+:meth:`Config.from_dict` builds a :class:`Config` from a mapping (unknown keys and wrong
+types fail with the valid keys or the expected type) and validates it
+(:mod:`credo.train.config.validate`). ``Config.to_dict()`` is what a run saves as
+``config.yaml``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from credo.policy.lora import LoRAConfig
 from credo.policy.tiny import TinyModelConfig
-from credo.utils.registry import unknown_name_message
+from credo.train.config.errors import ConfigError
 
 __all__ = [
-    "RECIPES_DIR",
     "Config",
     "ConfigError",
     "CreditConfig",
@@ -37,17 +32,7 @@ __all__ = [
     "RolloutConfig",
     "SFTConfig",
     "TrainConfig",
-    "apply_overrides",
-    "config_hash",
-    "load_config",
-    "recipe_names",
 ]
-
-RECIPES_DIR = Path(__file__).parent / "recipes"
-
-
-class ConfigError(ValueError):
-    """A config value, key or name is wrong; the message says what is accepted."""
 
 
 @dataclass
@@ -368,6 +353,10 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
+        """Build and validate a config from a mapping; :class:`ConfigError` names the
+        first wrong key or value and what is accepted."""
+        from credo.train.config.validate import validate
+
         cfg = _build(cls, data, "")
         validate(cfg)
         return cfg
@@ -441,7 +430,9 @@ def _build(cls: Any, data: dict[str, Any], prefix: str) -> Any:
     unknown = [k for k in data if k not in names]
     if unknown:
         full = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise ConfigError(f"unknown key {full!r}. Valid keys: {', '.join(names)}")
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown key {full!r}.{hint} Valid keys: {', '.join(names)}")
     kwargs = {}
     for k, v in data.items():
         kwargs[k] = _coerce(v, hints[k], f"{prefix + '.' if prefix else ''}{k}")
@@ -449,222 +440,3 @@ def _build(cls: Any, data: dict[str, Any], prefix: str) -> Any:
         return cls(**kwargs)
     except ValueError as exc:  # a section's own checks (e.g. LoRAConfig.__post_init__)
         raise ConfigError(str(exc)) from None
-
-
-# --------------------------------------------------------------- validation
-def validate(cfg: Config) -> None:
-    """Check every registry name and numeric range; raise :class:`ConfigError`."""
-    from credo.credit import ESTIMATORS, validate_estimator
-    from credo.envs.base import ENVS, env_names
-    from credo.objectives import AGGREGATIONS, KL_ESTIMATORS, LOSSES, validate_loss
-
-    if ":" not in cfg.env.name and cfg.env.name not in env_names():
-        raise ConfigError(
-            unknown_name_message("env", cfg.env.name, ENVS.names())
-            + " (or an import path 'module:Class')"
-        )
-    for check, reg, name, params, kind in (
-        (validate_estimator, ESTIMATORS, cfg.credit.estimator, cfg.credit.params, "credit"),
-        (validate_loss, LOSSES, cfg.objective.loss, cfg.objective.params, "objective"),
-    ):
-        if name not in reg:
-            raise ConfigError(unknown_name_message(reg.kind, name, reg.names()))
-        try:
-            check(name, params)
-        except ValueError as e:
-            raise ConfigError(f"{kind}.params: {e}") from None
-    if cfg.credit.seed_graph not in ("empty", "demonstrations", "teacher"):
-        raise ConfigError(
-            f"credit.seed_graph must be empty, demonstrations or teacher, got "
-            f"{cfg.credit.seed_graph!r}"
-        )
-    from credo.credit import estimator_state_factory
-
-    if estimator_state_factory(cfg.credit.estimator) is None and (
-        cfg.credit.state or cfg.credit.seed_graph != "empty"
-    ):
-        raise ConfigError(
-            f"estimator {cfg.credit.estimator!r} keeps no state: credit.state and "
-            "credit.seed_graph apply to stateful estimators (proas) only"
-        )
-    if cfg.credit.seed_graph == "teacher" and not cfg.credit.teacher:
-        raise ConfigError("credit.seed_graph=teacher needs credit.teacher=PATH (a policy folder)")
-    if cfg.objective.aggregation not in AGGREGATIONS:
-        raise ConfigError(
-            unknown_name_message("aggregation", cfg.objective.aggregation, AGGREGATIONS.names())
-        )
-    if cfg.objective.loss == "ppo_rapo":
-        # RAPO's token weights need two reference passes over the same responses, one
-        # with the user's profile in the prompt and one without; credo's envs carry no
-        # profile, so the trainer does not make them (yet). The loss is a pure function.
-        raise ConfigError(
-            "objective.loss=ppo_rapo is not available in `credo train`: it needs "
-            "profile-conditioned and plain reference log-probs "
-            "(inputs.extras['ref_logprobs_profile'/'ref_logprobs_plain']), which the "
-            "trainer does not compute; call credo.objectives.rapo.ppo_rapo directly. "
-            "Losses the trainer runs: holder, holder_token, klpo, klpo_seq, ppo"
-        )
-    if cfg.objective.kl_estimator not in KL_ESTIMATORS:
-        raise ConfigError(
-            f"unknown objective.kl_estimator {cfg.objective.kl_estimator!r}; "
-            f"valid: {', '.join(KL_ESTIMATORS)}"
-        )
-    from credo.objectives import WEIGHT_MODES
-    from credo.rollout import DIVERGENCE_POLICIES, ORACLE_STARTS, SAMPLERS, sampler_params
-
-    r, obj = cfg.rollout, cfg.objective
-    if r.sampler not in SAMPLERS:
-        raise ConfigError(unknown_name_message("sampler", r.sampler, SAMPLERS))
-    try:
-        sampler_params(r.sampler, r.sampler_params)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"rollout.sampler_params: {e}") from None
-    choices = {
-        "rollout.oracle_start": (r.oracle_start, ORACLE_STARTS),
-        "rollout.on_restore_divergence": (r.on_restore_divergence, DIVERGENCE_POLICIES),
-        "objective.oracle_weight": (obj.oracle_weight, WEIGHT_MODES),
-        "objective.oracle_frozen": (obj.oracle_frozen, ("iteration", "reference")),
-    }
-    for key, (value, valid) in choices.items():
-        if value not in valid:
-            raise ConfigError(f"{key} must be one of {', '.join(valid)}, got {value!r}")
-    if obj.loss in ("klpo", "klpo_seq"):
-        kl = obj.params.get("kl", "mc")
-        if kl == "topk" and r.topk_logprobs < 1:
-            raise ConfigError(
-                "objective.params.kl=topk needs the sampler's top-K log-probs: set "
-                "rollout.topk_logprobs=K (ALGORITHMS.md §9 uses K = 16)"
-            )
-        if kl == "mc" and r.aux_samples < (2 if obj.loss == "klpo_seq" else 1):
-            raise ConfigError(
-                f"objective.loss={obj.loss} with kl=mc needs auxiliary draws: set "
-                "rollout.aux_samples=M (recipe klpo: 16; klpo_seq needs M ≥ 2)"
-            )
-    if obj.oracle_coef > 0 and r.oracle_horizon < 1:
-        raise ConfigError(
-            f"objective.oracle_coef = {obj.oracle_coef} needs oracle continuations: set "
-            "rollout.oracle_horizon ≥ 1 (the oracle steps per continuation)"
-        )
-    if not 0 <= obj.oracle_weight_min <= 1:
-        raise ConfigError(
-            f"objective.oracle_weight_min must be in [0, 1], got {obj.oracle_weight_min}"
-        )
-    if r.oracle_per_group < 1:
-        raise ConfigError(f"rollout.oracle_per_group must be ≥ 1, got {r.oracle_per_group}")
-    positive = {
-        "rollout.tasks_per_iter": cfg.rollout.tasks_per_iter,
-        "rollout.group_size": cfg.rollout.group_size,
-        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
-        "rollout.train_tasks": cfg.rollout.train_tasks,
-        "optim.epochs": cfg.optim.epochs,
-        "optim.minibatches": cfg.optim.minibatches,
-        "optim.micro_batch_rows": cfg.optim.micro_batch_rows,
-        "optim.micro_batch_tokens": cfg.optim.micro_batch_tokens,
-        "eval.episodes": cfg.eval.episodes,
-        "train.checkpoint_every": cfg.train.checkpoint_every,
-        "sft.batch_size": cfg.sft.batch_size,
-    }
-    for key, value in positive.items():
-        if value is not None and value < 1:
-            raise ConfigError(f"{key} must be ≥ 1, got {value}")
-    nonneg = {
-        "train.iterations": cfg.train.iterations,
-        "optim.lr": cfg.optim.lr,
-        "rollout.temperature": cfg.rollout.temperature,
-        "objective.kl_coef": cfg.objective.kl_coef,
-        "objective.kl_reward_coef": cfg.objective.kl_reward_coef,
-        "objective.oracle_coef": cfg.objective.oracle_coef,
-        "rollout.oracle_horizon": cfg.rollout.oracle_horizon,
-        "sft.steps": cfg.sft.steps,
-        "sft.noisy_steps": cfg.sft.noisy_steps,
-        "rollout.history_turns": cfg.rollout.history_turns,
-        "rollout.chat_examples": cfg.rollout.chat_examples,
-        "rollout.aux_samples": cfg.rollout.aux_samples,
-        "rollout.topk_logprobs": cfg.rollout.topk_logprobs,
-    }
-    for key, value in nonneg.items():
-        if value < 0:
-            raise ConfigError(f"{key} must be ≥ 0, got {value}")
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
-    if not 0 <= cfg.sft.epsilon <= 1:
-        raise ConfigError(f"sft.epsilon must be in [0, 1], got {cfg.sft.epsilon}")
-    if cfg.model.dtype not in ("float32", "bfloat16", "float16", "auto"):
-        raise ConfigError(
-            f"model.dtype must be float32, bfloat16, float16 or auto, got {cfg.model.dtype!r}"
-        )
-
-
-# ------------------------------------------------------------------ recipes
-def recipe_names() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
-def _read_recipe(name_or_path: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") and path.exists()):
-        path = RECIPES_DIR / f"{name_or_path}.yaml"
-        if not path.exists():
-            raise ConfigError(
-                unknown_name_message("recipe", name_or_path, recipe_names())
-                + " (or a path to a .yaml recipe)"
-            )
-    if str(path) in seen:
-        raise ConfigError(f"recipe inheritance cycle: {' -> '.join((*seen, str(path)))}")
-    with path.open() as fh:
-        data = yaml.safe_load(fh) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"recipe {path} must be a mapping at the top level")
-    parent = data.pop("inherit", None)
-    if parent is None:
-        return data
-    base = _read_recipe(str(parent), (*seen, str(path)))
-    return _deep_merge(base, data)
-
-
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("params", "kwargs"):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` strings to a nested dict (values parsed with safe_load)."""
-    data = json.loads(json.dumps(data))  # deep copy
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.sub=value")
-        key, _, raw = item.partition("=")
-        key = key.strip()
-        if not key:
-            raise ConfigError(f"override {item!r} has an empty key")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: cannot parse the value: {exc}") from None
-        node = data
-        parts = key.split(".")
-        for p in parts[:-1]:
-            if not isinstance(node.get(p, {}), dict):
-                raise ConfigError(f"override {item!r}: {p!r} is not a section")
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return data
-
-
-def load_config(recipe: str = "grpo", overrides: list[str] | None = None) -> Config:
-    """Recipe (with inheritance) + overrides → validated :class:`Config`."""
-    data = _read_recipe(recipe)
-    data.setdefault("recipe", Path(recipe).stem)
-    data = apply_overrides(data, overrides or [])
-    return Config.from_dict(data)
-
-
-def config_hash(obj: Any) -> str:
-    """Stable short hash of a JSON-able object (cache keys)."""
-    blob = json.dumps(obj, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]

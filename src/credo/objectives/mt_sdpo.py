@@ -1,0 +1,164 @@
+"""MT-SDPO: verified multi-teacher self-distillation on top of GRPO. [recon]
+
+Reconstruction from the summary (docs/algorithms.md#mt-sdpo; no public code)::
+
+    L = L_GRPO + β Σ_t KL(π_θ(·|x, y<t) ‖ sg π_EMA(·|x, c*, y<t))
+
+The teacher is an EMA copy of the student (:class:`credo.teachers.EMATeacher`) that reads
+a teacher context ``c*`` the student never sees: a trajectory whose answer the verifier
+accepts, with the answer itself stripped by a sanitiser
+(:mod:`credo.teachers.sanitise`). ``c*`` is chosen per sample by
+:func:`select_contexts`: **self-anchor first** — another verified rollout of the same
+group (same task, this iteration); **external teachers only when the group has none**
+(their verified contexts, e.g. from :class:`credo.teachers.ContextCache`). Samples with
+neither get the GRPO term only.
+
+The KL is over the full distribution (tiny vocabularies: ``K = V``) or the EMA teacher's
+top-K head plus a tail bucket, computed by :func:`credo.objectives.opd.reverse_kl_topk`.
+Extras: ``teacher_topk_logprobs`` / ``student_topk_logprobs`` ``[B, L, K]`` and
+``teacher_row_mask`` ``[B]`` (the rows that got a context), as for ``opd``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from credo.objectives.inputs import LossInputs
+from credo.objectives.opd import opd
+from credo.objectives.registry import needs_teacher_scores, register_loss
+
+__all__ = ["ANCHOR_SOURCES", "ContextChoice", "mt_sdpo", "select_contexts"]
+
+#: Codes of :attr:`ContextChoice.source`.
+ANCHOR_SOURCES = ("none", "self", "external")
+
+
+@register_loss("mt_sdpo", requires=needs_teacher_scores)
+def mt_sdpo(
+    inputs: LossInputs,
+    *,
+    beta: float = 0.1,
+    rl_coef: float = 1.0,
+    tail_floor: float = 1e-6,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    ratio_level: str = "token",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``rl_coef·L_GRPO + β·Σ w·KL_K(π_θ ‖ sg π_EMA(·|c*))`` [recon].
+
+    Args:
+        inputs: the batch with ``advantages`` (GRPO's), ``teacher_topk_logprobs`` and
+            ``student_topk_logprobs`` ``[B, L, K]`` (the EMA teacher's head in context c*
+            and the student's log-probs of the same ids; ``K = V`` for the full KL) and
+            ``teacher_row_mask`` ``[B]`` (rows with a context).
+        beta: β, the distillation weight (default 0.1; ≥ 0).
+        rl_coef: weight of the GRPO (PPO-clip) term (default 1.0).
+        tail_floor: floor of the top-K tails (default 1e-6).
+        clip_low, clip_high, dual_clip, ratio_level: the PPO knobs (defaults as ``ppo``).
+
+    Returns:
+        ``(loss, metrics)`` as :func:`credo.objectives.opd.opd` (``loss/distill``,
+        ``distill/reverse_kl``, ``distill/coverage`` and the ``ppo`` metrics).
+    """
+    if not (math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"mt_sdpo: beta must be finite and >= 0, got {beta}")
+    return opd(
+        inputs,
+        estimator="topk",
+        distill_coef=beta,
+        rl_coef=rl_coef,
+        tail_floor=tail_floor,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        ratio_level=ratio_level,
+    )
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    """Which teacher context each sample distils from.
+
+    Attributes:
+        source: ``[N]`` int64: 0 none, 1 self-anchor (a verified rollout of the same
+            group), 2 external (see :data:`ANCHOR_SOURCES`).
+        index: ``[N]`` int64: the sample index of the anchor (source 1), the external
+            context's index (source 2), or −1.
+    """
+
+    source: torch.Tensor
+    index: torch.Tensor
+
+    @property
+    def has_context(self) -> torch.Tensor:
+        """``[N]`` bool: samples with a context (the ``teacher_row_mask`` of their rows)."""
+        return self.source > 0
+
+
+def select_contexts(
+    group: torch.Tensor,
+    success: torch.Tensor,
+    *,
+    external_group: torch.Tensor | None = None,
+    allow_self: bool = False,
+    pick: str = "first",
+    generator: torch.Generator | None = None,
+) -> ContextChoice:
+    """Choose a verified teacher context per sample: self-anchor first, then external.
+
+    Args:
+        group: ``[N]`` int64 group (task) id of each sample (episode).
+        success: ``[N]`` bool, the verifier accepts the sample.
+        external_group: ``[M]`` int64 group id each external verified context belongs to
+            (e.g. from a cache of teachers' verified trajectories), or ``None``.
+        allow_self: a verified sample may anchor on itself (default false: it needs
+            another verified rollout of its group, else it gets no context — the group
+            has a verified rollout, so no external context either).
+        pick: among several candidates, ``first`` (lowest index; default) or ``random``
+            (uniform, with ``generator``).
+        generator: the random source for ``pick="random"``.
+
+    Returns:
+        :class:`ContextChoice`. External contexts are used only for samples whose group
+        has no verified sample at all.
+    """
+    if group.dim() != 1 or success.shape != group.shape:
+        raise ValueError(
+            f"select_contexts: group and success must both be [N], got {list(group.shape)} "
+            f"and {list(success.shape)}"
+        )
+    if pick not in ("first", "random"):
+        raise ValueError(f"select_contexts: unknown pick {pick!r}; valid: first, random")
+    n = group.shape[0]
+    grp = group.long()
+    ok = success.bool()
+    same = grp[:, None] == grp[None, :]  # [N, N]
+    cand = same & ok[None, :]
+    if not allow_self:
+        cand = cand & ~torch.eye(n, dtype=torch.bool)
+    source = torch.zeros(n, dtype=torch.long)
+    index = torch.full((n,), -1, dtype=torch.long)
+    has_self = cand.any(1)
+    if bool(has_self.any()):
+        index = torch.where(has_self, _pick(cand, pick, generator), index)
+        source = torch.where(has_self, torch.ones_like(source), source)
+    group_has_verified = (same & ok[None, :]).any(1)
+    if external_group is not None and external_group.numel():
+        ext = external_group.long()[None, :] == grp[:, None]  # [N, M]
+        use_ext = ~group_has_verified & ext.any(1)
+        if bool(use_ext.any()):
+            index = torch.where(use_ext, _pick(ext, pick, generator), index)
+            source = torch.where(use_ext, torch.full_like(source, 2), source)
+    return ContextChoice(source, index)
+
+
+def _pick(cand: torch.Tensor, pick: str, generator: torch.Generator | None) -> torch.Tensor:
+    """Per row of ``cand [N, M]`` bool: the first (or a uniformly random) true column."""
+    if pick == "first":
+        return cand.to(torch.int64).argmax(1)
+    noise = torch.rand(cand.shape, generator=generator)
+    return torch.where(cand, noise, torch.full_like(noise, -1.0)).argmax(1)

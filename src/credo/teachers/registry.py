@@ -1,0 +1,111 @@
+"""Registry of teacher kinds: ``teacher.kind: <name>`` in configs.
+
+A teacher factory is ``fn(student, *, knob=default, ...) -> Teacher``; every factory
+accepts ``micro_batch`` and ``temperature``. Built-in kinds:
+
+- ``run``: a saved credo run (its ``final_policy/``), a checkpoint folder
+  (``checkpoints/step_N``) or any model folder; needs ``path``.
+- ``hf``: a Hugging Face model (or LoRA adapter) folder given directly; needs ``path``.
+- ``self``: the student itself with privileged context (:class:`SelfTeacher`).
+- ``ema``: an EMA copy of the student (:class:`EMATeacher`, ``ema_decay``).
+
+Path-based teachers are checked against the student (vocabulary size, tokenizer) before
+their weights load (:mod:`credo.teachers.loading`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from credo.policy import HFPolicy
+from credo.teachers.base import Teacher
+from credo.teachers.ema import EMATeacher
+from credo.teachers.loading import load_teacher_policy, resolve_policy_folder
+from credo.teachers.policy_teacher import PolicyTeacher, SelfTeacher
+from credo.utils.registry import Registry, check_kwargs
+
+__all__ = ["TEACHERS", "make_teacher", "register_teacher", "teacher_names", "validate_teacher"]
+
+TeacherFactory = Callable[..., Teacher]
+TEACHERS: Registry[TeacherFactory] = Registry("teacher")
+
+
+def register_teacher(name: str, **meta: Any) -> Callable[[TeacherFactory], TeacherFactory]:
+    """Decorator: make ``fn(student, **knobs) -> Teacher`` available as ``teacher.kind``."""
+    return TEACHERS.register(name, **meta)
+
+
+def teacher_names() -> list[str]:
+    return TEACHERS.names()
+
+
+def validate_teacher(kind: str, params: Mapping[str, Any]) -> None:
+    """Raise ``KeyError``/``ValueError`` for an unknown kind or a knob it does not take."""
+    check_kwargs("teacher", kind, TEACHERS.get(kind), params, reserved=("student",))
+
+
+def make_teacher(kind: str, student: HFPolicy, **params: Any) -> Teacher:
+    """Build a teacher of ``kind`` for ``student`` (params as the factory accepts)."""
+    validate_teacher(kind, params)
+    return TEACHERS.get(kind)(student, **params)
+
+
+def _need_path(kind: str, path: str | None) -> str:
+    if not path:
+        raise ValueError(f"teacher kind {kind!r} needs teacher.path (a folder)")
+    return path
+
+
+@register_teacher("run", needs_path=True)
+def run_teacher(
+    student: HFPolicy,
+    *,
+    path: str | None = None,
+    micro_batch: int = 16,
+    temperature: float = 1.0,
+) -> Teacher:
+    """A saved credo run, checkpoint or model folder (see :mod:`credo.teachers.loading`)."""
+    folder = resolve_policy_folder(_need_path("run", path))
+    policy = load_teacher_policy(folder, student)
+    return PolicyTeacher(
+        policy, name=f"run:{folder}", micro_batch=micro_batch, temperature=temperature
+    )
+
+
+@register_teacher("hf", needs_path=True)
+def hf_teacher(
+    student: HFPolicy,
+    *,
+    path: str | None = None,
+    micro_batch: int = 16,
+    temperature: float = 1.0,
+) -> Teacher:
+    """A Hugging Face model folder (``config.json``) or LoRA adapter folder."""
+    p = Path(_need_path("hf", path)).expanduser()
+    if p.is_dir() and not ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()):
+        raise ValueError(
+            f"teacher path {str(p)!r} is not a Hugging Face model folder (no config.json); "
+            "for a credo run or checkpoint folder use teacher.kind=run"
+        )
+    policy = load_teacher_policy(p, student)
+    return PolicyTeacher(policy, name=f"hf:{p}", micro_batch=micro_batch, temperature=temperature)
+
+
+@register_teacher("self")
+def self_teacher(student: HFPolicy, *, micro_batch: int = 16, temperature: float = 1.0) -> Teacher:
+    """The student with privileged context (shares its weights)."""
+    return SelfTeacher(student, micro_batch=micro_batch, temperature=temperature)
+
+
+@register_teacher("ema")
+def ema_teacher(
+    student: HFPolicy,
+    *,
+    ema_decay: float = 0.99,
+    micro_batch: int = 16,
+    temperature: float = 1.0,
+) -> Teacher:
+    """An EMA copy of the student; call ``update(student)`` after each optimiser step."""
+    return EMATeacher(student, decay=ema_decay, micro_batch=micro_batch, temperature=temperature)

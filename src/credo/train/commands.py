@@ -1,0 +1,89 @@
+"""``credo sft`` and ``credo eval``: the warm start alone, and evaluation of a policy.
+
+Both build the run with :func:`~credo.train.run.build_run` and score with its held-out
+evaluator, so on the same config a policy gets the same numbers here as in ``credo
+train``'s table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from credo.train.checkpoint import latest_checkpoint
+from credo.train.config import Config, apply_overrides, load_config
+from credo.train.progress import Progress
+from credo.train.run import add_adapters, build_run
+from credo.train.warmstart import warm_start
+
+__all__ = ["evaluate_target", "run_sft"]
+
+
+def run_sft(cfg: Config, *, episodes: int | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Warm-start (or load it from the cache) and evaluate it on held-out tasks."""
+    progress = Progress(enabled=not quiet)
+    run = build_run(cfg)
+    with progress.phase("warm start (SFT)") as tick:
+        policy, ws = warm_start(
+            run, on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}")
+        )
+    with progress.phase("held-out eval"):
+        ev = run.evaluate(policy, episodes=episodes)
+    return {"eval": ev, "path": ws.path, "cached": ws.cached}
+
+
+def evaluate_target(
+    *,
+    run_dir: Path | None,
+    model: str | None,
+    env: str | None,
+    episodes: int,
+    greedy: bool = False,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """Evaluate a run's trained policy (or latest checkpoint), or a model.
+
+    ``model`` may be a folder, a hub name or a credo alias (``smollm2-135m``: the
+    pretrained model zero-shot, in the chat format, with its default response cap). A
+    run trained with LoRA is rebuilt as it was trained (base model, warm start from the
+    cache, adapters) and its saved adapters loaded.
+    """
+    if run_dir is None and model is None:
+        raise ValueError("give a run folder or --model NAME_OR_PATH")
+    extra = list(overrides or [])
+    if env:
+        extra.append(f"env.name={env}")
+    if run_dir is None:
+        run = build_run(load_config("grpo", [f"model.name={model}", *extra]))
+        policy, label = run.policy, str(model)
+    else:
+        cfg_path = Path(run_dir) / "config.yaml"
+        if not cfg_path.exists():
+            raise ValueError(f"{run_dir} is not a run folder (no config.yaml)")
+        cfg = Config.from_dict(apply_overrides(yaml.safe_load(cfg_path.read_text()), extra))
+        folder, label = _trained_folder(Path(run_dir))
+        if (folder / "adapter_config.json").exists():
+            run = build_run(cfg)
+            policy = run.policy
+            if cfg.sft.enabled:
+                policy, _ = warm_start(run)
+            policy = add_adapters(cfg, policy)
+            policy.load_weights(folder)
+        else:
+            run = build_run(cfg, policy_path=folder)
+            policy = run.policy
+    ev = run.evaluate(policy, episodes=episodes, greedy=greedy)
+    return {"eval": ev, "label": label, "env": run.cfg.env.name}
+
+
+def _trained_folder(run_dir: Path) -> tuple[Path, str]:
+    """A run's trained policy folder (else its latest checkpoint's) and a label for it."""
+    folder = run_dir / "final_policy"
+    if folder.exists():
+        return folder, "trained policy"
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ValueError(f"{run_dir} has neither a final policy nor a checkpoint")
+    return ckpt / "policy", f"checkpoint {ckpt.name}"

@@ -1,0 +1,275 @@
+"""Config validation: everything that can be checked before any compute, one small
+function per section.
+
+:func:`validate` runs at load time (:meth:`~credo.train.config.schema.Config.from_dict`),
+before a run folder exists. It checks registry names (with "did you mean"), each method's
+own knobs (an estimator's, a loss's, an aggregation's, a sampler's ``params``), what a
+method declares it needs when it registers (e.g. KLPO's sampler draws: see
+:func:`credo.objectives.registry.register_loss`'s ``requires``), numeric ranges,
+combinations of settings, that the env can be imported and that a requested device
+exists. Every error is a :class:`~credo.train.config.schema.ConfigError` whose message
+names the key, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from credo.train.config.errors import ConfigError
+from credo.utils.registry import unknown_name_message
+
+if TYPE_CHECKING:
+    from credo.train.config.schema import Config
+
+__all__ = ["validate"]
+
+
+def validate(cfg: Config) -> None:
+    """Check the whole config; raise :class:`ConfigError` at the first problem."""
+    for check in SECTION_CHECKS:
+        check(cfg)
+
+
+def _choice(key: str, value: str, valid: Any) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key} must be one of {', '.join(valid)}, got {value!r}")
+
+
+def _at_least(bound: float, values: dict[str, float | None]) -> None:
+    for key, value in values.items():
+        if value is not None and value < bound:
+            raise ConfigError(f"{key} must be ≥ {bound:g}, got {value}")
+
+
+def _in_range(key: str, value: float, low: float, high: float, *, open_low: bool = False) -> None:
+    if (value <= low if open_low else value < low) or value > high:
+        bracket = "(" if open_low else "["
+        raise ConfigError(f"{key} must be in {bracket}{low:g}, {high:g}], got {value}")
+
+
+def _registered(registry: Any, name: str, params_key: str, check: Callable[[], None]) -> None:
+    """``name`` is in ``registry`` ("did you mean" otherwise) and ``check()`` accepts its
+    knobs (the error then names ``params_key``)."""
+    if name not in registry:
+        raise ConfigError(unknown_name_message(registry.kind, name, registry.names()))
+    try:
+        check()
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{params_key}: {e}") from None
+
+
+def _env(cfg: Config) -> None:
+    from credo.envs.base import ENVS, env_names, resolve_env
+
+    name = cfg.env.name
+    if ":" not in name and name not in env_names():
+        raise ConfigError(
+            unknown_name_message("env", name, ENVS.names()) + " (or an import path 'module:Class')"
+        )
+    try:
+        resolve_env(name)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"env.name={name!r}: {exc}") from None
+
+
+def _model(cfg: Config) -> None:
+    m = cfg.model
+    _choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16", "auto"))
+    if m.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"model.device={m.device} but this torch build sees no CUDA device "
+                f"(torch {torch.__version__}); use model.device=cpu or auto"
+            )
+    elif m.device not in ("cpu", "auto") and not m.device.startswith("mps"):
+        raise ConfigError(f"model.device must be cpu, cuda, cuda:N or auto, got {m.device!r}")
+    if m.name is not None and _looks_like_path(m.name) and not Path(m.name).expanduser().exists():
+        raise ConfigError(f"model.name={m.name!r}: no such folder")
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def _rollout(cfg: Config) -> None:
+    from credo.rollout import DIVERGENCE_POLICIES, ORACLE_STARTS, SAMPLERS, sampler_params
+
+    r = cfg.rollout
+    if r.sampler not in SAMPLERS:
+        raise ConfigError(unknown_name_message("sampler", r.sampler, SAMPLERS.names()))
+    try:
+        sampler_params(r.sampler, r.sampler_params)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"rollout.sampler_params: {e}") from None
+    _choice("rollout.oracle_start", r.oracle_start, ORACLE_STARTS)
+    _choice("rollout.on_restore_divergence", r.on_restore_divergence, DIVERGENCE_POLICIES)
+    _at_least(
+        1,
+        {
+            "rollout.tasks_per_iter": r.tasks_per_iter,
+            "rollout.group_size": r.group_size,
+            "rollout.max_new_tokens": r.max_new_tokens,
+            "rollout.train_tasks": r.train_tasks,
+            "rollout.oracle_per_group": r.oracle_per_group,
+            "rollout.max_turns": r.max_turns,
+        },
+    )
+    _at_least(
+        0,
+        {
+            "rollout.temperature": r.temperature,
+            "rollout.oracle_horizon": r.oracle_horizon,
+            "rollout.history_turns": r.history_turns,
+            "rollout.chat_examples": r.chat_examples,
+            "rollout.aux_samples": r.aux_samples,
+            "rollout.topk_logprobs": r.topk_logprobs,
+        },
+    )
+    _in_range("rollout.top_p", r.top_p, 0, 1, open_low=True)
+    if r.train_tasks < r.tasks_per_iter:
+        raise ConfigError(
+            f"rollout.train_tasks={r.train_tasks} is smaller than rollout.tasks_per_iter="
+            f"{r.tasks_per_iter}: each iteration draws that many distinct training tasks"
+        )
+
+
+def _credit(cfg: Config) -> None:
+    from credo.credit import ESTIMATORS, estimator_state_factory, validate_estimator
+
+    c = cfg.credit
+    _registered(
+        ESTIMATORS, c.estimator, "credit.params", lambda: validate_estimator(c.estimator, c.params)
+    )
+    _choice("credit.seed_graph", c.seed_graph, ("empty", "demonstrations", "teacher"))
+    if estimator_state_factory(c.estimator) is None and (c.state or c.seed_graph != "empty"):
+        raise ConfigError(
+            f"estimator {c.estimator!r} keeps no state: credit.state and "
+            "credit.seed_graph apply to stateful estimators (proas) only"
+        )
+    if c.seed_graph == "teacher" and not c.teacher:
+        raise ConfigError("credit.seed_graph=teacher needs credit.teacher=PATH (a policy folder)")
+    if c.teacher is not None and not Path(c.teacher).expanduser().exists():
+        raise ConfigError(f"credit.teacher={c.teacher!r}: no such folder")
+    _at_least(1, {"credit.seed_episodes": c.seed_episodes})
+
+
+def _objective(cfg: Config) -> None:
+    from credo.objectives import (
+        AGGREGATIONS,
+        KL_ESTIMATORS,
+        LOSSES,
+        WEIGHT_MODES,
+        loss_requirements,
+        validate_aggregation,
+        validate_loss,
+    )
+
+    obj = cfg.objective
+    _registered(LOSSES, obj.loss, "objective.params", lambda: validate_loss(obj.loss, obj.params))
+    missing = loss_requirements(obj.loss)(obj.params, cfg.rollout)
+    if missing:
+        raise ConfigError(missing)
+    if obj.aggregation not in AGGREGATIONS:
+        raise ConfigError(
+            unknown_name_message("aggregation", obj.aggregation, AGGREGATIONS.names())
+        )
+    try:
+        validate_aggregation(obj.aggregation, obj.aggregation_params)
+    except ValueError as e:
+        raise ConfigError(f"objective.aggregation_params: {e}") from None
+    if obj.kl_estimator not in KL_ESTIMATORS:
+        raise ConfigError(
+            f"unknown objective.kl_estimator {obj.kl_estimator!r}; "
+            f"valid: {', '.join(KL_ESTIMATORS)}"
+        )
+    _choice("objective.oracle_weight", obj.oracle_weight, WEIGHT_MODES)
+    _choice("objective.oracle_frozen", obj.oracle_frozen, ("iteration", "reference"))
+    if obj.oracle_coef > 0 and cfg.rollout.oracle_horizon < 1:
+        raise ConfigError(
+            f"objective.oracle_coef = {obj.oracle_coef} needs oracle continuations: set "
+            "rollout.oracle_horizon ≥ 1 (the oracle steps per continuation)"
+        )
+    _in_range("objective.oracle_weight_min", obj.oracle_weight_min, 0, 1)
+    _at_least(
+        0,
+        {
+            "objective.kl_coef": obj.kl_coef,
+            "objective.kl_reward_coef": obj.kl_reward_coef,
+            "objective.oracle_coef": obj.oracle_coef,
+            "objective.entropy_coef": obj.entropy_coef,
+        },
+    )
+
+
+def _optim(cfg: Config) -> None:
+    o = cfg.optim
+    _at_least(
+        1,
+        {
+            "optim.epochs": o.epochs,
+            "optim.minibatches": o.minibatches,
+            "optim.micro_batch_rows": o.micro_batch_rows,
+            "optim.micro_batch_tokens": o.micro_batch_tokens,
+        },
+    )
+    _at_least(0, {"optim.lr": o.lr, "optim.weight_decay": o.weight_decay})
+    if o.grad_clip <= 0:
+        raise ConfigError(f"optim.grad_clip must be > 0, got {o.grad_clip}")
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ConfigError(
+            f"optim.betas must be two numbers in [0, 1) like [0.9, 0.999], got {o.betas}"
+        )
+
+
+def _sft(cfg: Config) -> None:
+    s = cfg.sft
+    _at_least(1, {"sft.batch_size": s.batch_size})
+    _at_least(
+        0,
+        {
+            "sft.steps": s.steps,
+            "sft.noisy_steps": s.noisy_steps,
+            "sft.episodes": s.episodes,
+            "sft.noisy_episodes": s.noisy_episodes,
+            "sft.lr": s.lr,
+            "sft.noisy_lr": s.noisy_lr,
+        },
+    )
+    _in_range("sft.epsilon", s.epsilon, 0, 1)
+
+
+def _eval_and_train(cfg: Config) -> None:
+    _at_least(
+        1,
+        {
+            "eval.episodes": cfg.eval.episodes,
+            "eval.periodic_episodes": cfg.eval.periodic_episodes,
+            "train.checkpoint_every": cfg.train.checkpoint_every,
+        },
+    )
+    _at_least(
+        0,
+        {
+            "eval.every": cfg.eval.every,
+            "train.iterations": cfg.train.iterations,
+            "train.threads": cfg.train.threads,
+            "train.keep_checkpoints": cfg.train.keep_checkpoints,
+        },
+    )
+
+
+#: The section checks :func:`validate` runs, in order.
+SECTION_CHECKS: tuple[Callable[[Config], None], ...] = (
+    _env,
+    _model,
+    _rollout,
+    _credit,
+    _objective,
+    _optim,
+    _sft,
+    _eval_and_train,
+)

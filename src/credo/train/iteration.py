@@ -1,0 +1,121 @@
+"""One training iteration, top to bottom:
+
+    tasks ─► sampler ─► RolloutForest ─► credit ─► objective ─► optimizer step ─► metrics
+
+Everything random in iteration ``it`` derives from ``(train.seed, it)`` through separate
+streams (task draw, policy sampling, mini-batch shuffles, the sampler's own choices), so
+an iteration is reproducible on its own and ``--resume`` continues exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from credo.credit import compute_advantages
+from credo.data import RolloutForest
+from credo.envs.base import Task
+from credo.rollout import RolloutResult, oracle_batch, split_oracle
+from credo.train.run import Run
+from credo.train.state import TrainState
+from credo.train.update import UpdateContext, kl_reward_penalty_rows, policy_update
+
+__all__ = ["iteration_seed", "run_iteration"]
+
+# the random streams of an iteration
+_TASKS, _SAMPLING, _SHUFFLE, _CHOICES = 0, 1, 2, 3
+
+
+def iteration_seed(seed: int, iteration: int, stream: int) -> int:
+    """The seed of one random stream of one iteration."""
+    return int(np.random.SeedSequence([seed, iteration, stream]).generate_state(1)[0])
+
+
+def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
+    """Run iteration ``it`` on ``state`` (updated in place) and return its metrics record."""
+    cfg, r = run.cfg, run.cfg.rollout
+    t0 = time.perf_counter()
+    # 1. tasks: distinct training tasks, drawn from the pool for this iteration
+    rng = np.random.default_rng(iteration_seed(cfg.train.seed, it, _TASKS))
+    ids = rng.choice(r.train_tasks, size=r.tasks_per_iter, replace=False)
+    tasks = [Task.make("train", int(i)) for i in ids]
+    # 2. sampler → forest (SERO's oracle continuations ride on top of any sampler)
+    rollout = run.rollouts(
+        state.policy,
+        tasks,
+        generator=torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it, _SAMPLING)),
+        choice_seed=iteration_seed(cfg.train.seed, it, _CHOICES),
+        state=state.sampler_state,
+    )
+    forest, oracle_rows = split_oracle(rollout.forest)  # oracle rows: no credit, no RL loss
+    update = UpdateContext(state.policy, state.optimizer, cfg, state.reference)
+    if cfg.objective.kl_reward_coef > 0:  # KL to the reference as a cost in the reward
+        penalty = kl_reward_penalty_rows(
+            update, forest, beta=cfg.objective.kl_reward_coef, micro_rows=cfg.optim.micro_batch_rows
+        )
+        forest = forest.with_rewards(forest.reward - penalty)
+    t1 = time.perf_counter()
+    # 3. credit
+    adv = compute_advantages(cfg.credit.estimator, forest, cfg.credit.params, state.estimator_state)
+    # 4. objective → optimizer step
+    oracle = (
+        oracle_batch(rollout.forest, pad_id=state.policy.pad_id) if oracle_rows.numel() else None
+    )
+    shuffle = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it, _SHUFFLE))
+    update_metrics = policy_update(
+        update,
+        forest.to_batch(adv, pad_id=state.policy.pad_id),
+        iteration=it,
+        generator=shuffle,
+        oracle=oracle,
+    )
+    t2 = time.perf_counter()
+    # 5. metrics (and the periodic held-out evaluation)
+    state.iteration, state.env_steps_total = it + 1, state.env_steps_total + rollout.env_steps
+    record = iteration_metrics(it, rollout, forest, adv, state.env_steps_total, (t0, t1, t2))
+    record.update(update_metrics)
+    if cfg.eval.every and state.iteration % cfg.eval.every == 0:
+        ev = run.evaluate(state.policy, episodes=cfg.eval.periodic_episodes)
+        record["eval/success_rate"] = ev.success_rate
+    return record
+
+
+def iteration_metrics(
+    it: int,
+    rollout: RolloutResult,
+    forest: RolloutForest,
+    adv: torch.Tensor,
+    env_steps_total: int,
+    times: tuple[float, float, float],
+) -> dict[str, Any]:
+    """The iteration's rollout, credit and timing metrics (``docs/metrics.md`` explains
+    each); ``forest`` is the RL forest (oracle rows left out), ``times`` the clock at the
+    start, after the rollouts and after the update."""
+    t0, t1, t2 = times
+    eps = rollout.episodes
+    n = max(1, len(eps))
+    rows = max(1, forest.num_rows)
+    return {
+        "iteration": it,
+        "rollout/success_rate": sum(e.success for e in eps) / n,
+        "rollout/return_mean": sum(e.ret for e in eps) / n,
+        "rollout/episode_len": sum(len(e) for e in eps) / n,
+        "rollout/invalid_rate": float((~forest.valid).sum()) / rows if forest.num_rows else 0.0,
+        "rollout/env_errors": sum(e.error is not None for e in eps),
+        "rollout/env_steps": rollout.env_steps,
+        "rollout/env_steps_total": env_steps_total,
+        "rollout/gen_tokens": rollout.generated_tokens,
+        "credit/adv_mean": float(adv.mean()) if adv.numel() else 0.0,
+        "credit/adv_std": float(adv.std()) if adv.numel() > 1 else 0.0,
+        "credit/adv_abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
+        "credit/zero_adv_frac": float((adv.abs() < 1e-8).float().mean()) if adv.numel() else 0.0,
+        "time/rollout_s": t1 - t0,
+        "time/update_s": t2 - t1,
+        "time/iteration_s": t2 - t0,
+        "perf/env_steps_per_s": rollout.env_steps / max(1e-9, t1 - t0),
+        "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, t1 - t0),
+        **{k: float(v) for k, v in sorted(rollout.stats.items())},
+    }

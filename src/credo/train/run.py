@@ -1,0 +1,323 @@
+"""A run's parts, built once from its config: :class:`Run` and :func:`build_run`.
+
+Every command (``train``, ``sft``, ``eval``, ``compare``, ``play``) and every benchmark
+starts with ``run = build_run(cfg)`` and passes ``run`` down; nothing else builds an env
+factory, a policy, a renderer or sampling settings. The run owns the held-out evaluator
+(:meth:`Run.evaluate`), so the train table, ``credo sft`` and ``credo eval`` score a policy
+with the same tasks, sampling and random stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from credo.envs.base import Task, make_env, resolve_env
+from credo.eval.evaluate import EvalResult, evaluate
+from credo.policy.base import SamplingParams
+from credo.policy.hf import HFPolicy
+from credo.policy.lora import apply_lora
+from credo.policy.tiny import create_tiny_policy
+from credo.policy.tokenizer import split_words
+from credo.rollout import (
+    RolloutResult,
+    SamplerContext,
+    add_oracle_continuations,
+    sample,
+    sampler_params,
+)
+from credo.rollout.render import PLAIN_WORDS, Renderer, make_renderer, oracle_examples
+from credo.train.config import Config
+
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "Run",
+    "add_adapters",
+    "build_renderer",
+    "build_run",
+    "env_factory",
+    "env_vocabulary",
+    "max_new_tokens",
+    "sampling_for",
+]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+#: ``rollout.max_new_tokens: null`` means this many tokens per response.
+DEFAULT_MAX_NEW_TOKENS = {"builtin": 16, "hf": 48}
+
+
+@dataclass
+class Run:
+    """The parts of a run, built once by :func:`build_run`.
+
+    Attributes:
+        cfg: the run's config.
+        make_env: a zero-argument function making a fresh env.
+        policy: the policy as built (the built-in model untrained, or the HF model as
+            loaded, or the folder given to :func:`build_run`); training continues from
+            the warm start, which may replace it.
+        builtin: the policy is credo's built-in model (plain prompts, 16-token responses).
+        renderer: builds prompts and parses actions (plain, or chat for HF models).
+        sampling: the rollouts' sampling parameters (with KLPO's auxiliary draws and
+            top-K head when the config asks for them).
+        max_turns: the sampler's turn cap.
+    """
+
+    cfg: Config
+    make_env: Callable[[], Any]
+    policy: HFPolicy
+    builtin: bool
+    renderer: Renderer
+    sampling: SamplingParams
+    max_turns: int
+
+    def sampler_context(
+        self,
+        policy: HFPolicy | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        choice_seed: int = 0,
+        sampling: SamplingParams | None = None,
+    ) -> SamplerContext:
+        """The context a sampler needs for ``policy`` (default: the run's) in this run:
+        its renderer, env factory, turn cap and the config's rollout settings; ``sampling``
+        defaults to the run's."""
+        r = self.cfg.rollout
+        return SamplerContext(
+            policy=policy if policy is not None else self.policy,
+            renderer=self.renderer,
+            make_env=self.make_env,
+            sampling=sampling if sampling is not None else self.sampling,
+            max_turns=self.max_turns,
+            generator=generator,
+            choices=torch.Generator().manual_seed(choice_seed),
+            invalid_penalty=r.invalid_penalty,
+            on_divergence=r.on_restore_divergence,
+            keep_snapshots=r.oracle_horizon > 0,
+        )
+
+    def rollouts(
+        self,
+        policy: HFPolicy,
+        tasks: list[Task],
+        *,
+        generator: torch.Generator | None,
+        choice_seed: int = 0,
+        state: Any = None,
+    ) -> RolloutResult:
+        """``tasks`` sampled with the configured sampler (``rollout.sampler`` and its
+        ``sampler_params``; ``state``: its state across iterations), plus SERO's oracle
+        continuations when ``rollout.oracle_horizon`` > 0."""
+        r = self.cfg.rollout
+        ctx = self.sampler_context(policy, generator=generator, choice_seed=choice_seed)
+        params = sampler_params(r.sampler, r.sampler_params)
+        result = sample(r.sampler, ctx, tasks, group_size=r.group_size, params=params, state=state)
+        if r.oracle_horizon > 0:
+            result = add_oracle_continuations(
+                result,
+                ctx,
+                horizon=r.oracle_horizon,
+                per_group=r.oracle_per_group,
+                start=r.oracle_start,
+            )
+        return result
+
+    def evaluate(
+        self, policy: HFPolicy | None = None, *, episodes: int | None = None, greedy: bool = False
+    ) -> EvalResult:
+        """Held-out success of ``policy`` (default: the run's) on the first ``episodes``
+        held-out tasks (default ``eval.episodes``), sampled as in training but without
+        KLPO's auxiliary draws or top-K head, from the seed ``eval.seed``: every recipe
+        and every command sees the same random stream, so equal policies get equal
+        scores. ``greedy``: temperature 0."""
+        sampling = dataclasses.replace(
+            self.sampling,
+            temperature=0.0 if greedy else self.sampling.temperature,
+            aux_samples=0,
+            topk_logprobs=0,
+        )
+        return evaluate(
+            policy if policy is not None else self.policy,
+            self.renderer,
+            self.make_env,
+            episodes=self.cfg.eval.episodes if episodes is None else episodes,
+            sampling=sampling,
+            max_turns=self.max_turns,
+            seed=self.cfg.eval.seed,
+        )
+
+
+def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
+    """Build a run's parts from its config (see :class:`Run`), failing before any
+    training compute on an env or model that cannot be made.
+
+    Args:
+        cfg: the run config.
+        policy_path: load the policy from this folder (a saved run's ``final_policy`` or a
+            checkpoint's ``policy``) instead of building it from ``model``.
+    """
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    make = env_factory(cfg)
+    env = make()
+    cap = getattr(env, "max_turns", None)
+    if cfg.rollout.max_turns is not None:
+        max_turns = cfg.rollout.max_turns
+    else:
+        max_turns = int(cap) + 1 if isinstance(cap, int) else 64
+    builtin = cfg.model.name is None
+    policy = (
+        HFPolicy.from_pretrained(policy_path)
+        if policy_path is not None
+        else _policy(cfg, env, make)
+    )
+    renderer = build_renderer(cfg, policy, builtin=builtin, env=env, make=make)
+    return Run(cfg, make, policy, builtin, renderer, sampling_for(cfg, builtin=builtin), max_turns)
+
+
+def build_renderer(
+    cfg: Config, policy: HFPolicy, *, builtin: bool, env: Any, make: Callable[[], Any]
+) -> Renderer:
+    """The renderer for ``policy``'s tokenizer: plain for the built-in model, chat (with
+    the configured templates and ``rollout.chat_examples`` oracle demonstrations)
+    otherwise.
+
+    Args:
+        cfg: the run config.
+        policy: its tokenizer encodes the prompts.
+        builtin: the built-in model.
+        env: an env instance (its action format).
+        make: the env factory (for the few-shot demonstrations).
+    """
+    examples: list[Any] = []
+    if not builtin and cfg.rollout.chat_examples > 0:
+        examples = oracle_examples(make, cfg.rollout.chat_examples)
+    return make_renderer(
+        policy.tokenizer,
+        builtin=builtin,
+        history_turns=cfg.rollout.history_turns,
+        env=env,
+        system_prompt=cfg.rollout.system_prompt,
+        user_prompt=cfg.rollout.user_prompt,
+        examples=examples,
+    )
+
+
+def sampling_for(cfg: Config, *, builtin: bool) -> SamplingParams:
+    """The rollouts' sampling parameters for a built-in or an HF policy (their response
+    caps differ, see :func:`max_new_tokens`)."""
+    r = cfg.rollout
+    return SamplingParams(
+        temperature=r.temperature,
+        top_p=r.top_p,
+        max_new_tokens=max_new_tokens(cfg, builtin=builtin),
+        aux_samples=r.aux_samples,
+        topk_logprobs=r.topk_logprobs,
+    )
+
+
+def max_new_tokens(cfg: Config, *, builtin: bool) -> int:
+    """``rollout.max_new_tokens``, or its model-dependent default (16 built-in, 48 HF)."""
+    if cfg.rollout.max_new_tokens is not None:
+        return cfg.rollout.max_new_tokens
+    return DEFAULT_MAX_NEW_TOKENS["builtin" if builtin else "hf"]
+
+
+def env_factory(cfg: Config) -> Callable[[], Any]:
+    """A zero-argument function making a fresh env; fails early on bad names/options."""
+    factory = resolve_env(cfg.env.name)
+    kwargs = dict(cfg.env.kwargs)
+    make_env(cfg.env.name, **kwargs)  # raises a clear error now rather than mid-run
+
+    def make() -> Any:
+        return factory(**kwargs)
+
+    return make
+
+
+def env_vocabulary(env: Any, make: Callable[[], Any], episodes: int = 200) -> list[str]:
+    """Words for the built-in tokenizer: ``env.vocabulary()`` when the env has it, else
+    the words seen in the instructions, observations and oracle/random actions of a few
+    episodes (words never seen become ``<unk>``)."""
+    if hasattr(env, "vocabulary"):
+        return [*env.vocabulary(), *PLAIN_WORDS]
+    words: set[str] = set(PLAIN_WORDS)
+    rng = random.Random(0)
+    e = make()
+    for i in range(episodes):
+        obs = e.reset(Task.make("train", i), 0)
+        words.update(split_words(e.instruction() if hasattr(e, "instruction") else obs))
+        for _ in range(64):
+            words.update(split_words(obs))
+            if hasattr(e, "oracle_action") and (
+                not hasattr(e, "sample_action") or rng.random() < 0.7
+            ):
+                action = e.oracle_action()
+            elif hasattr(e, "sample_action"):
+                action = e.sample_action(rng)
+            else:
+                break
+            words.update(split_words(action))
+            res = e.step(action)
+            obs = res.observation
+            if res.done:
+                break
+    return sorted(words)
+
+
+def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
+    """The untrained policy: the built-in tiny model, or an HF model (``model.name``, a
+    folder, an alias such as ``smollm2-135m`` or a hub name), with gradient checkpointing
+    when asked. LoRA adapters are added later (:func:`add_adapters`), after the warm
+    start."""
+    device = cfg.model.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.model.name is None:
+        policy = create_tiny_policy(env_vocabulary(env, make), cfg.model.tiny, seed=cfg.train.seed)
+        policy.model.to(device)
+        policy.device = torch.device(device)
+    else:
+        from credo.policy.models import resolve_model
+
+        path = resolve_model(cfg.model.name)
+        policy = HFPolicy.from_pretrained(path, device=device, dtype=_dtype(cfg, device))
+    if cfg.model.gradient_checkpointing:
+        enable_gradient_checkpointing(policy.model)
+    return policy
+
+
+def _dtype(cfg: Config, device: str) -> torch.dtype:
+    """``model.dtype`` with ``auto`` resolved: bfloat16 on a CUDA device that supports it,
+    else float32 (CPU bf16 matmuls are slow and lossy on most CPUs)."""
+    if cfg.model.dtype != "auto":
+        return _DTYPES[cfg.model.dtype]
+    if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute each block's activations in the backward pass (non-reentrant, so frozen
+    inputs under LoRA need no special care). transformers ≥ 5.x calls it activation
+    checkpointing."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def add_adapters(cfg: Config, policy: HFPolicy) -> HFPolicy:
+    """The policy with fresh LoRA adapters when ``model.lora`` is set (else as is); the
+    adapters' random init derives from ``train.seed``."""
+    if cfg.model.lora is None:
+        return policy
+    return apply_lora(policy, cfg.model.lora, seed=cfg.train.seed)

@@ -1,0 +1,286 @@
+"""The warm start: SFT on the env's oracle demonstrations, cached by config hash, and
+its held-out evaluation, cached beside it.
+
+:func:`warm_start` trains (or loads from the cache) the policy RL starts from.
+:func:`start_policy` is what ``train`` calls: the warm start of a fresh run with its
+held-out result (or, on ``--resume``, what the run folder recorded), written to
+``warmstart.json`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from credo.envs.base import resolve_env
+from credo.eval.evaluate import EvalResult
+from credo.policy.hf import HFPolicy
+from credo.policy.lora import merge_lora
+from credo.train.config import Config, config_hash
+from credo.train.progress import Progress
+from credo.train.run import Run, add_adapters, max_new_tokens
+from credo.train.sft import collect_demonstrations, sft_train
+from credo.utils.atomic import temp_path, write_text_atomic
+from credo.utils.cache import cache_dir
+
+__all__ = ["WarmStart", "start_policy", "warm_start", "warm_start_key"]
+
+
+@dataclass
+class WarmStart:
+    """What the warm start did (or found in the cache).
+
+    Attributes:
+        key: config hash identifying the warm start.
+        cached: loaded from the cache rather than trained.
+        demo_success: success rate of the noisy demonstrations.
+        seconds: time spent training (0 when cached).
+        path: the cached policy folder.
+    """
+
+    key: str
+    cached: bool
+    demo_success: float
+    seconds: float
+    path: Path
+
+
+def warm_start_key(cfg: Config) -> str:
+    """Hash of everything the warm start depends on, the code included. Model and prompt
+    settings enter only when they differ from their defaults (the built-in model's keys
+    stay short and stable)."""
+    model: dict[str, Any] = {"name": cfg.model.name, "tiny": asdict(cfg.model.tiny)}
+    if cfg.model.lora is not None:
+        model["lora"] = asdict(cfg.model.lora)
+    if cfg.model.dtype != "float32":
+        model["dtype"] = cfg.model.dtype
+    key: dict[str, Any] = {
+        "env": asdict(cfg.env),
+        "model": model,
+        "sft": {k: v for k, v in asdict(cfg.sft).items() if k != "cache"},
+        "history_turns": cfg.rollout.history_turns,
+        "seed": cfg.train.seed,
+        "code": _code_fingerprint(cfg),
+    }
+    prompt = {
+        k: getattr(cfg.rollout, k)
+        for k in ("system_prompt", "user_prompt")
+        if getattr(cfg.rollout, k) is not None
+    }
+    if cfg.rollout.chat_examples:
+        prompt["chat_examples"] = cfg.rollout.chat_examples
+    if prompt:
+        key["prompt"] = prompt
+    return config_hash(key)
+
+
+def _code_fingerprint(cfg: Config) -> str:
+    """Hash of the code a warm start depends on: the env's module, the prompt renderer,
+    the demonstrations/SFT code and the built-in model. Editing any of them (e.g. your
+    env's observations) invalidates cached warm starts instead of silently reusing them."""
+    import hashlib
+    import inspect
+
+    from credo.policy import tiny, tokenizer
+    from credo.rollout import render
+    from credo.train import sft
+
+    modules = [render, sft, tiny, tokenizer]
+    try:
+        env_module = inspect.getmodule(resolve_env(cfg.env.name))
+        if env_module is not None:
+            modules.append(env_module)
+    except (TypeError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    for m in modules:
+        try:
+            digest.update(inspect.getsource(m).encode())
+        except (OSError, TypeError):
+            digest.update(m.__name__.encode())
+    return digest.hexdigest()[:16]
+
+
+def warm_start(
+    run: Run,
+    policy: HFPolicy | None = None,
+    *,
+    on_step: Callable[[str, int, int, float], None] | None = None,
+) -> tuple[HFPolicy, WarmStart]:
+    """SFT on clean, then on ε-noisy oracle demonstrations; cached by config hash.
+
+    With ``model.lora`` the warm start trains LoRA adapters and merges them into the
+    weights at the end: the result (and the cached folder) is always a plain model, on
+    which RL then trains fresh adapters. A cached warm start is loaded into the policy
+    itself (its dtype, device and gradient checkpointing stay as built).
+
+    Args:
+        run: the run's parts (config, env factory, renderer).
+        policy: the policy to start from (default: the run's, as built).
+        on_step: ``on_step(phase, step, total, loss)`` reports progress.
+
+    Returns:
+        The (possibly reloaded) policy and what happened.
+    """
+    cfg = run.cfg
+    policy = policy if policy is not None else run.policy
+    key = warm_start_key(cfg)
+    folder = cache_dir() / "warmstart" / key
+    meta_path = folder / "warmstart.json"
+    if cfg.sft.cache and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        policy.load_weights(folder / "policy")
+        _name_base(policy, folder / "policy")
+        return policy, WarmStart(key, True, meta["demo_success"], 0.0, folder / "policy")
+    policy = add_adapters(cfg, policy)
+    sft = cfg.sft
+    start = time.perf_counter()
+    clean = collect_demonstrations(
+        run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0, seed=cfg.train.seed
+    )
+    noisy = collect_demonstrations(
+        run.make_env,
+        run.renderer,
+        episodes=sft.noisy_episodes,
+        epsilon=sft.epsilon,
+        seed=cfg.train.seed + 1,
+        first_task=sft.episodes,
+    )
+    torch.manual_seed(cfg.train.seed)
+    total = sft.steps + sft.noisy_steps
+
+    def report(phase: str, offset: int) -> Callable[[int, float], None]:
+        return lambda step, loss: (
+            on_step(phase, offset + step + 1, total, loss) if on_step else None
+        )
+
+    for rows, steps, lr, seed, name, offset, warmup in (
+        (clean.rows(), sft.steps, sft.lr, cfg.train.seed, "clean demos", 0, None),
+        (
+            noisy.rows(),
+            sft.noisy_steps,
+            sft.noisy_lr,
+            cfg.train.seed + 1,
+            "noisy demos",
+            sft.steps,
+            0,
+        ),
+    ):
+        if steps:
+            extra = {} if warmup is None else {"warmup": warmup}
+            sft_train(
+                policy,
+                rows,
+                steps=steps,
+                batch_size=sft.batch_size,
+                lr=lr,
+                seed=seed,
+                on_step=report(name, offset),
+                **extra,
+            )
+    policy = merge_lora(policy)
+    seconds = time.perf_counter() - start
+    if cfg.sft.cache:
+        _store(
+            policy,
+            folder,
+            {"demo_success": noisy.success_rate, "seconds": seconds, "config": asdict(sft)},
+        )
+    return policy, WarmStart(key, False, noisy.success_rate, seconds, folder / "policy")
+
+
+def _store(policy: HFPolicy, folder: Path, meta: dict[str, Any]) -> None:
+    """Save a warm start into the cache: written under a fresh temporary name (so that
+    concurrent writers never share one), then renamed into place."""
+    tmp = temp_path(folder)
+    try:
+        policy.save(tmp / "policy")
+        (tmp / "warmstart.json").write_text(json.dumps(meta))
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another writer put the same warm start there first
+            if not (folder / "warmstart.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _name_base(policy, folder / "policy")
+
+
+def _name_base(policy: HFPolicy, path: Path) -> None:
+    """Record ``path`` as where the model's weights live (LoRA adapters saved later name
+    it as their base model)."""
+    policy.model.name_or_path = str(path)
+    policy.model.config._name_or_path = str(path)
+
+
+def _eval_cache(run: Run, key: str) -> Path:
+    """Where the held-out evaluation of warm start ``key`` is cached. Rollout settings
+    added after the first version enter the hash only when set, so that existing cached
+    evaluations keep their keys."""
+    cfg = run.cfg
+    rollout = asdict(cfg.rollout)
+    rollout["max_new_tokens"] = max_new_tokens(cfg, builtin=run.builtin)
+    for k in ("system_prompt", "user_prompt"):
+        if rollout[k] is None:
+            del rollout[k]
+    if not rollout["chat_examples"]:
+        del rollout["chat_examples"]
+    name = config_hash({"warm": key, "eval": asdict(cfg.eval), "rollout": rollout})
+    return cache_dir() / "warmstart" / key / f"eval-{name}.json"
+
+
+def start_policy(
+    run: Run, run_dir: Path, *, resuming: bool, progress: Progress
+) -> tuple[HFPolicy, EvalResult | None]:
+    """The policy RL starts from and its held-out result.
+
+    A fresh run warm-starts (``sft.enabled``; else the policy as built), evaluates that
+    policy on the held-out tasks (both cached by config hash) and records both in
+    ``run_dir/warmstart.json``. A resumed run reads the result back from there; its
+    weights come from the checkpoint, except under LoRA, whose checkpoints hold only
+    the adapters: the warm start is then rebuilt as their base (from the cache;
+    recomputed identically if the cache was cleared).
+    """
+    cfg, policy = run.cfg, run.policy
+    info_path = run_dir / "warmstart.json"
+    ws: WarmStart | None = None
+    if cfg.sft.enabled and (not resuming or cfg.model.lora is not None):
+        phase = "warm start (SFT)" + (" as the adapters' base" if resuming else "")
+        with progress.phase(phase) as tick:
+            policy, ws = warm_start(
+                run, on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}")
+            )
+    if resuming:
+        meta = json.loads(info_path.read_text()) if info_path.exists() else {}
+        return policy, EvalResult(**meta["eval"]) if meta.get("eval") else None
+    meta: dict[str, Any] = {"key": None, "cached": False}
+    cache = None
+    if ws is not None:
+        meta = {
+            "key": ws.key,
+            "cached": ws.cached,
+            "demo_success": ws.demo_success,
+            "seconds": ws.seconds,
+        }
+        cache = _eval_cache(run, ws.key)
+    if cache is not None and cache.exists():
+        warm_eval = EvalResult(**json.loads(cache.read_text()))
+    else:
+        with progress.phase(f"held-out eval of the warm start ({cfg.eval.episodes} episodes)"):
+            warm_eval = run.evaluate(policy)
+        if cache is not None:
+            write_text_atomic(cache, json.dumps(warm_eval.to_dict()))
+    meta["eval"] = warm_eval.to_dict()
+    write_text_atomic(info_path, json.dumps(meta, indent=1))
+    return policy, warm_eval

@@ -1,0 +1,113 @@
+"""The training loop's output is pinned: a few iterations of every recipe (and of the
+update settings that take other code paths) write the same ``metrics.jsonl``, apart from
+timing fields, as the stored reference in ``tests/data/golden_metrics.json``.
+
+The reference was written before the top floor (``credo.train``) was reorganised, so this
+test proves the reorganisation changed no behaviour, and keeps proving it for later
+refactors. Metrics added later are allowed; every stored one must keep its value. Every
+run has signal: the warm start solves some tasks and not others, so
+advantages, gradients and weights move (asserted below).
+
+A deliberate change of behaviour regenerates the reference:
+``CREDO_UPDATE_GOLDEN=1 python -m pytest tests/test_train_golden.py`` — say why in the
+commit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from credo.train.config import load_config, recipe_names
+from credo.train.loop import train
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+GOLDEN = Path(__file__).parent / "data" / "golden_metrics.json"
+VOLATILE = ("time/", "perf/")
+
+SMALL = [
+    "env.name=examples.custom_env:GuessEnv",
+    "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128}",
+    "sft.episodes=600",
+    "sft.steps=120",
+    "sft.noisy_episodes=200",
+    "sft.noisy_steps=20",
+    "sft.epsilon=0.5",
+    "rollout.tasks_per_iter=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=6",
+    "optim.lr=5e-4",
+    "eval.episodes=16",
+    "train.iterations=3",
+    "train.checkpoint_every=2",
+    "train.threads=1",
+]
+
+#: (case name, recipe, extra overrides): every recipe, plus code paths the recipes skip.
+CASES = [(r, r, []) for r in recipe_names() if r != "base"] + [
+    ("grpo-kl", "grpo", ["objective.kl_coef=0.1", "objective.kl_reward_coef=0.1"]),
+    ("grpo-minibatches", "grpo", ["optim.epochs=2", "optim.minibatches=2"]),
+    ("grpo-entropy-eval", "grpo", ["objective.entropy_coef=0.01", "eval.every=2"]),
+    ("proas-seeded", "proas", ["credit.seed_graph=demonstrations", "credit.seed_episodes=20"]),
+    ("klpo-topk", "klpo", ["objective.params={beta: 0.1, kl: topk}", "rollout.topk_logprobs=4"]),
+]
+
+
+def _stable(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
+
+
+def _run(case: str, recipe: str, extra: list[str], tmp: Path) -> dict:
+    cfg = load_config(recipe, [*SMALL, *extra, f"train.runs_dir={tmp}", f"train.name={case}"])
+    res = train(cfg, quiet=True)
+    return {
+        "metrics": _stable(res.metrics),
+        "warm": res.warm.success_rate if res.warm else None,
+        "final": res.final.success_rate if res.final else None,
+    }
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "recipe", "extra"), CASES, ids=[c[0] for c in CASES])
+def test_metrics_match_the_stored_reference(
+    case: str, recipe: str, extra: list[str], tmp_path: Path
+) -> None:
+    got = _run(case, recipe, extra, tmp_path)
+    if os.environ.get("CREDO_UPDATE_GOLDEN"):
+        stored = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+        stored[case] = got
+        tmp = GOLDEN.with_suffix(".tmp")
+        tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        os.replace(tmp, GOLDEN)
+        pytest.skip("reference updated")
+    expected = json.loads(GOLDEN.read_text())[case]
+    # there is signal: advantages and gradients are non-zero in some iteration
+    assert any(r.get("credit/adv_abs_max", 0) > 0 for r in got["metrics"])
+    assert any(r.get("policy/grad_norm", 0) > 0 for r in got["metrics"])
+    assert 0 < got["warm"] < 1
+    for i, (g, e) in enumerate(zip(got["metrics"], expected["metrics"])):
+        # every stored metric is there with its stored value; metrics added since are free
+        diff = sorted(k for k in e if not _close(g.get(k), e[k]))
+        assert not diff, f"iteration {i}: {[(k, e.get(k), g.get(k)) for k in diff]}"
+    assert len(got["metrics"]) == len(expected["metrics"])
+    assert got["warm"] == expected["warm"] and got["final"] == expected["final"]
