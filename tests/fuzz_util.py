@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import random
@@ -128,6 +129,36 @@ ODD_CHARS = (
     "$",
     "^",
     "|",
+)
+#: Argument names and values for ``name{json}`` actions: the names envs use, JSON that
+#: ``json.loads`` accepts but a careless env may not (NaN, 1e309, huge integers, floats,
+#: booleans, nulls, nesting), and almost-JSON.
+JSON_KEYS = ("order_id", "customer_id", "amount", "variant_id", "name", "message", "", "x")
+JSON_VALUES = (
+    "1",
+    "-1",
+    "0",
+    "1.0",
+    "1e309",
+    "-1e309",
+    "NaN",
+    "Infinity",
+    "9" * 400,
+    "true",
+    "null",
+    '"1"',
+    '"²"',
+    '"\\ud800"',
+    '"\\u0000"',
+    "[1]",
+    "{}",
+    '{"a": 1}',
+    "[" * 400 + "]" * 400,
+    "'1'",
+    "01",
+    "0x1",
+    "1_000",
+    '"' + "x" * 600 + '"',
 )
 #: Text pieces long runs are made of (regex-hostile runs of spaces, brackets, digits).
 RUN_PIECES = (" ", "\n", "\t", " \n", "[", "]", "[]", "][", "a ", "9", "x", "²", "\x00")
@@ -218,6 +249,21 @@ def adversarial_actions(verbs: Sequence[str]) -> list[str]:
             f"{v}[" + "[" * 10_000 + "]",
             (f"{v}[" + " " * 1000) * 100,
             f"I will {v}[1] now\n" * 1000,
+            f"{v}{{}}",
+            f"{v}{{",
+            f"{v}}}",
+            f"{v}{{{{}}}}",
+            f"{v}{{" + " " * MB,
+            f"{v}{{" + " " * MB + "}",
+            f'{v}{{"message": "' + "x" * MB + '"}',
+            f'{v}{{"order_id": ' + "[" * 480 + "]" * 480 + "}",
+            f'{v}{{"order_id": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            f'{v}{{"order_id": ' + "9" * 900 + "}",
+            f'{v}{{"order_id": ' + "9" * 5000 + "}",
+            *(f'{v}{{"{JSON_KEYS[i % 6]}": {x}}}' for i, x in enumerate(JSON_VALUES)),
+            f'{v} {{ "order_id" : 1 , "order_id" : 2 }}',
+            f'{v}{{"order_id": 1}} {v}{{"order_id": 2}}',
+            f'{v}{{"order_id": 1}}' + "}" * 1000,
         ]
     return fixed
 
@@ -232,14 +278,18 @@ def action_strategy(verbs: Sequence[str]) -> st.SearchStrategy[str]:
     odd = st.sampled_from(ODD_CHARS)
     bit = st.one_of(st.text(max_size=4), odd, st.sampled_from(list(verbs)))
     pad = st.sampled_from(["", " ", "  ", "\n", "\t", "\u00a0", " " * 50, "\n" * 30])
+    opens = st.sampled_from(["[", "", "[[", "(", "[ ", "{", "{ "])
+    closes = st.sampled_from(["]", "", "]]", ")", " ]", "] x", "}", " }"])
+    json_arg = st.builds(
+        lambda k, v: f'"{k}": {v}', st.sampled_from(JSON_KEYS), st.sampled_from(JSON_VALUES)
+    )
     arg = st.one_of(
         st.text(max_size=12),
+        json_arg,
         st.integers(-10, 10**6).map(str),
         st.lists(bit, max_size=6).map(" ".join),
         st.builds(lambda p, n: p * n, st.sampled_from(RUN_PIECES), st.integers(0, 300)),
     )
-    opens = st.sampled_from(["[", "", "[[", "(", "[ "])
-    closes = st.sampled_from(["]", "", "]]", ")", " ]", "] x"])
     verb = st.sampled_from(list(verbs)).flatmap(
         lambda v: st.sampled_from([v, v.upper(), v.title(), v[:-1], v + v[-1]])
     )
@@ -267,7 +317,7 @@ def random_action(rng: random.Random, verbs: Sequence[str], base: Sequence[str] 
 
     Kinds, equally likely: a ``verb[arg]`` form with random padding, case and brackets;
     random code points (surrogates and controls included); a run of a hostile piece (up
-    to 2,000 characters); a splice of two ``base`` actions; a ``base`` action with an odd
+    to 1,200 characters); a splice of two ``base`` actions; a ``base`` action with an odd
     character inserted (the last two fall back to the first kinds without ``base``).
     """
     kind = rng.randrange(5 if base else 3)
@@ -284,19 +334,26 @@ def random_action(rng: random.Random, verbs: Sequence[str], base: Sequence[str] 
                 " ".join(rng.choice(verbs) for _ in range(rng.randrange(4))),
             ]
         )
+        if rng.random() < 0.3:  # name{json}
+            key = rng.choice(JSON_KEYS)
+            value = rng.choice([*JSON_VALUES, json.dumps(arg), arg])
+            arg = rng.choice([f'"{key}": {value}', f'"{key}": {value}, "{key}": 1', value])
+            opens, closes = ["{", "{", "", "{{", "{ "], ["}", "}", "", "}}", " }", "} x"]
+        else:
+            opens, closes = ["[", "[", "", "[[", "(", "[ "], ["]", "]", "", "]]", ")", " ]", "] x"]
         return (
             rng.choice(pads)
             + v
             + rng.choice(pads)
-            + rng.choice(["[", "[", "", "[[", "(", "[ "])
+            + rng.choice(opens)
             + arg
-            + rng.choice(["]", "]", "", "]]", ")", " ]", "] x"])
+            + rng.choice(closes)
             + rng.choice(pads)
         )
     if kind == 1:
         return "".join(chr(rng.randrange(0x110000)) for _ in range(rng.randrange(24)))
     if kind == 2:
-        return rng.choice(RUN_PIECES) * rng.randrange(2000)
+        return rng.choice(RUN_PIECES) * rng.randrange(1200)
     a, b = rng.choice(base), rng.choice(base)
     if kind == 3:
         return a[: rng.randrange(len(a) + 1)] + b[rng.randrange(len(b) + 1) :]
@@ -398,25 +455,26 @@ class _Overrun(BaseException):
 
 
 @contextlib.contextmanager
-def _cpu_deadline(seconds: float) -> Iterator[None]:
-    """Interrupt the block after ``seconds`` of process CPU time (``SIGPROF``), so that a
-    super-linear parser fails the test instead of hanging it. Python's regex engine
-    checks for signals while it backtracks. A no-op off the main thread or without
-    ``setitimer`` (Windows)."""
+def _cpu_alarm() -> Iterator[Callable[[float], None]]:
+    """Install a ``SIGPROF`` handler that raises :class:`_Overrun`; yields ``arm(seconds)``,
+    which interrupts the running code after ``seconds`` of process CPU time (``arm(0)``
+    disarms). Python's regex engine checks for signals while it backtracks, so a
+    super-linear parser fails the test instead of hanging it. Off the main thread or
+    without ``setitimer`` (Windows), ``arm`` does nothing."""
     usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
     if not usable:
-        yield
+        yield lambda seconds: None
         return
 
     def overrun(signum: int, frame: Any) -> None:
         raise _Overrun
 
     previous = signal.signal(signal.SIGPROF, overrun)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    setitimer, which = signal.setitimer, signal.ITIMER_PROF
     try:
-        yield
+        yield lambda seconds: setitimer(which, seconds)
     finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
+        setitimer(which, 0)
         signal.signal(signal.SIGPROF, previous)
 
 
@@ -430,12 +488,12 @@ def fuzz_env(
     actions: Sequence[str],
     *,
     seed: int = 0,
-    guide: float = 0.6,
+    guide: float = 0.5,
     step_limit_s: float = 0.5,
     max_observation_chars: int = 8192,
     max_state_key_chars: int = 8192,
     restore_share: float = 0.1,
-    new_task_share: float = 0.1,
+    new_task_share: float = 0.05,
     extract: bool = True,
     report: FuzzReport | None = None,
 ) -> FuzzReport:
@@ -474,8 +532,11 @@ def fuzz_env(
     def timed(what: str, action: str, fn: Callable[[], Any]) -> Any:
         c0, w0 = time.process_time(), time.perf_counter()
         try:
-            with _cpu_deadline(2 * step_limit_s):
+            arm(2 * step_limit_s)
+            try:
                 out = fn()
+            finally:
+                arm(0)
         except _Overrun:
             raise AssertionError(
                 f"{where}: {what} was stopped after {2 * step_limit_s} s CPU (limit "
@@ -574,8 +635,7 @@ def fuzz_env(
             return env.sample_action(rng)
         return None
 
-    new_episode()
-    for action in actions:
+    def play(action: str) -> None:
         if rng.random() < guide:
             move = timed("guided move", "<oracle/sample>", guided)
             if move is not None:
@@ -590,4 +650,9 @@ def fuzz_env(
             tool = timed("is_tool_call()", action, functools.partial(env.is_tool_call, action))
             assert isinstance(tool, bool), f"{where}: is_tool_call() returned {tool!r}"
         step(action)
+
+    with _cpu_alarm() as arm:
+        new_episode()
+        for action in actions:
+            play(action)
     return rep

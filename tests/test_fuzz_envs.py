@@ -1,4 +1,5 @@
-"""Fuzz every built-in env and difficulty: hostile actions never raise, stay fast and small.
+"""Fuzz every built-in env (shop, tools) and difficulty: hostile actions never raise, stay
+fast and small.
 
 ``CREDO_FUZZ_ACTIONS`` (default 10,000) random actions per env and difficulty, drawn by
 Hypothesis, plus a fixed adversarial list (1 MB strings, regex-hostile runs of spaces,
@@ -16,7 +17,10 @@ import pytest
 from hypothesis import given
 
 from credo.envs import make_env
+from credo.envs.base import restore_env, snapshot_env
 from credo.envs.shop import DIFFICULTIES, MAX_ACTION_CHARS, MAX_QUERY_KEY_CHARS
+from credo.envs.tools import DIFFICULTIES as TOOLS_DIFFICULTIES
+from credo.envs.tools import TOOLS
 from fuzz_util import (
     FUZZ_ACTIONS,
     FuzzBatch,
@@ -27,31 +31,41 @@ from fuzz_util import (
     fuzz_settings,
 )
 
+#: Tool messages are capped; the longest are order lists and policies.
+TOOLS_LIMITS = dict(max_observation_chars=2000, max_state_key_chars=400)
 SHOP_VERBS = ("search", "click", "choose", "back", "buy")
 #: The shop's pages are short: the longest is a results page of five products.
 SHOP_LIMITS = dict(max_observation_chars=400, max_state_key_chars=MAX_QUERY_KEY_CHARS + 64)
+#: Every built-in env: its action verbs, difficulties, bounds, and how many oracle moves
+#: the adversarial list is played after (one depth per page kind).
+ENVS = {
+    "shop": (SHOP_VERBS, sorted(DIFFICULTIES), SHOP_LIMITS, 4),
+    "tools": (tuple(TOOLS), sorted(TOOLS_DIFFICULTIES), TOOLS_LIMITS, 4),
+}
+CASES = [(env, d) for env, (_, diffs, _, _) in ENVS.items() for d in diffs]
 
 
-@pytest.mark.parametrize("difficulty", sorted(DIFFICULTIES))
-def test_shop_survives_random_actions(difficulty: str) -> None:
-    make = functools.partial(make_env, "shop", difficulty=difficulty)
+@pytest.mark.parametrize(("env_name", "difficulty"), CASES)
+def test_env_survives_random_actions(env_name: str, difficulty: str) -> None:
+    verbs, difficulties, limits, _ = ENVS[env_name]
+    make = functools.partial(make_env, env_name, difficulty=difficulty)
+    # extract_action/is_tool_call read only the text: fuzzed with the first difficulty
+    extract = difficulty == difficulties[0]
     total = FuzzReport()
 
     @fuzz_settings()
-    @given(fuzz_batches(SHOP_VERBS))
+    @given(fuzz_batches(verbs))
     def run(batch: FuzzBatch) -> None:
-        fuzz_env(make, batch.actions, seed=batch.seed, report=total, **SHOP_LIMITS)
+        fuzz_env(make, batch.actions, seed=batch.seed, extract=extract, report=total, **limits)
 
     t0 = time.perf_counter()
     run()
     seconds = time.perf_counter() - t0
     assert total.actions >= FUZZ_ACTIONS
-    # the guided moves take the fuzz actions to every page
-    pages = {key.split("|", 1)[0] for key in total.seen_states}
-    assert pages == {"home", "results", "item", "done"}
     assert total.invalid > total.actions // 2  # most random strings are not actions
+    assert len(total.seen_states) > 20  # the guided moves take the fuzz actions deep
     print(
-        f"shop/{difficulty}: {total.actions:,} fuzz actions, {total.steps:,} steps, "
+        f"{env_name}/{difficulty}: {total.actions:,} fuzz actions, {total.steps:,} steps, "
         f"{total.episodes:,} episodes, {total.restores:,} restores in {seconds:.1f} s; "
         f"slowest call {total.max_cpu_s * 1e3:.1f} ms CPU ({total.slowest}), "
         f"{total.max_wall_s * 1e3:.1f} ms wall; longest observation "
@@ -59,46 +73,61 @@ def test_shop_survives_random_actions(difficulty: str) -> None:
     )
 
 
-@pytest.mark.parametrize("difficulty", sorted(DIFFICULTIES))
-def test_shop_survives_the_adversarial_list_on_every_page(difficulty: str) -> None:
-    """Each hostile action is played on each page of an oracle episode (home, results,
-    item, size chosen; for ``multi`` also the second item's pages)."""
-    actions = adversarial_actions(SHOP_VERBS)
-    depths = 4 * DIFFICULTIES[difficulty]["n_items"]
+def test_shop_fuzz_reaches_every_page() -> None:
+    total = FuzzReport()
+    shop = functools.partial(make_env, "shop")
+    fuzz_env(shop, [f"x{i}" for i in range(2000)], seed=3, report=total, **SHOP_LIMITS)
+    assert {key.split("|", 1)[0] for key in total.seen_states} == {
+        "home",
+        "results",
+        "item",
+        "done",
+    }
+
+
+@pytest.mark.parametrize(("env_name", "difficulty"), CASES)
+def test_env_survives_the_adversarial_list_at_every_depth(env_name: str, difficulty: str) -> None:
+    """Each hostile action is played after 0, 1, ... oracle moves (for ``shop``: home,
+    results, item, size chosen)."""
+    verbs, _, limits, depths = ENVS[env_name]
+    actions = adversarial_actions(verbs)
     total = FuzzReport()
     for depth in range(depths):
 
         def at_depth(depth: int = depth):  # type: ignore[no-untyped-def]
-            env = make_env("shop", difficulty=difficulty)
+            env = make_env(env_name, difficulty=difficulty)
             env.reset = _then_oracle(env.reset, env, depth)  # every episode starts at depth
             return env
 
-        # extract_action does not depend on the page: checked once, below
-        fuzz_env(
-            at_depth, actions, seed=depth, guide=0.0, extract=False, report=total, **SHOP_LIMITS
-        )
+        # extract_action does not depend on the state: checked once, below
+        fuzz_env(at_depth, actions, seed=depth, guide=0.0, extract=False, report=total, **limits)
     assert total.actions == len(actions) * depths
-    pages = {key.split("|", 1)[0] for key in total.seen_states}
-    assert pages == {"home", "results", "item", "done"}
+    assert len(total.seen_states) > depths
 
 
-def test_shop_extract_action_survives_the_adversarial_list() -> None:
-    total = fuzz_env(
-        functools.partial(make_env, "shop"), adversarial_actions(SHOP_VERBS), **SHOP_LIMITS
+@pytest.mark.parametrize("env_name", sorted(ENVS))
+def test_extract_action_survives_the_adversarial_list(env_name: str) -> None:
+    verbs, _, limits, _ = ENVS[env_name]
+    total = fuzz_env(functools.partial(make_env, env_name), adversarial_actions(verbs), **limits)
+    assert total.actions == len(adversarial_actions(verbs))
+    print(
+        f"{env_name} extract_action: slowest call {total.max_cpu_s * 1e3:.1f} ms ({total.slowest})"
     )
-    assert total.actions == len(adversarial_actions(SHOP_VERBS))
-    print(f"shop extract_action: slowest call {total.max_cpu_s * 1e3:.1f} ms ({total.slowest})")
 
 
 def _then_oracle(reset, env, depth: int):  # type: ignore[no-untyped-def]
-    """``reset`` followed by ``depth`` oracle moves (stopping before the episode ends)."""
+    """``reset`` followed by up to ``depth`` oracle moves, stopping before a move that
+    would end the episode (undone through a snapshot)."""
 
     def wrapped(task, seed=0):  # type: ignore[no-untyped-def]
         obs = reset(task, seed)
         for _ in range(depth):
-            if env.oracle_action() == "buy" and len(env._s.cart) + 1 >= env.n_items:
+            snap = snapshot_env(env)
+            res = env.step(env.oracle_action())
+            if res.done:
+                restore_env(env, snap)
                 break
-            obs = env.step(env.oracle_action()).observation
+            obs = res.observation
         return obs
 
     return wrapped
@@ -149,7 +178,7 @@ def test_the_fuzzer_catches_what_it_should() -> None:
         (Raises, ["ok", "click[²]"], {}, r"step\(\) raised ValueError.*'click\[²\]'"),
         (Slow, ["slow down"], {"step_limit_s": 0.04}, r"step\(\) took 0\.0\d+ s CPU .*'slow down'"),
         (Hangs, ["ok", "hang"], {"step_limit_s": 0.1}, r"step\(\) was stopped after 0\.2 s CPU"),
-        (Backtracks, ["search[" + " " * 8000], {}, r"step\(\) was stopped .*8,007 chars"),
+        (Backtracks, ["search[" + " " * 8000], {"step_limit_s": 0.1}, r"stopped .*8,007 chars"),
         (LongKey, ["x"], {}, r"state_key\(\) has [\d,]+ characters"),
         (BytesObs, ["x"], {}, r"step\(\) returned a bytes observation"),
     ]

@@ -11,6 +11,20 @@ from _objectives_util import LOSS_CONFIGS, make_inputs
 from credo.objectives import get_loss, loss_names
 
 LENGTHS, EPISODES = [3, 2, 4, 1], [0, 0, 1, 2]
+#: The distillation losses, on the top-K heads make_inputs builds (teacher = sampler).
+DISTILL_CONFIGS: list[tuple[str, dict]] = [("opd", {}), ("mt_sdpo", {}), ("renyi_opsd", {})]
+CONFIGS = LOSS_CONFIGS + DISTILL_CONFIGS
+
+
+def _batch():  # type: ignore[no-untyped-def]
+    inp = make_inputs(LENGTHS, EPISODES, mode="seq-mean-token-mean")
+    head = inp.extras["topk_logprobs"]
+    inp.extras.update(
+        student_topk_logprobs=head,
+        teacher_topk_logprobs=inp.extras["topk_old_logprobs"],
+        ref_topk_logprobs=inp.extras["topk_old_logprobs"],
+    )
+    return inp
 
 
 def _with(inputs, field: str, pos: tuple[int, int], value: float):  # type: ignore[no-untyped-def]
@@ -22,24 +36,24 @@ def _with(inputs, field: str, pos: tuple[int, int], value: float):  # type: igno
 
 
 def test_every_registered_loss_is_covered() -> None:
-    assert {name for name, _ in LOSS_CONFIGS} == set(loss_names())
+    assert {name for name, _ in CONFIGS} == set(loss_names())
 
 
-@pytest.mark.parametrize(("name", "kwargs"), LOSS_CONFIGS)
+@pytest.mark.parametrize(("name", "kwargs"), CONFIGS)
 @pytest.mark.parametrize("field", ["advantages", "logprobs", "old_logprobs"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_input_raises_naming_it(name, kwargs, field, value) -> None:  # type: ignore[no-untyped-def]
     """A NaN advantage used to give a NaN loss and NaN gradients without a word."""
-    inp = _with(make_inputs(LENGTHS, EPISODES, mode="seq-mean-token-mean"), field, (2, 3), value)
+    inp = _with(_batch(), field, (2, 3), value)
     with pytest.raises(ValueError, match=rf"loss {name!r}: inputs\.{field} has 1 non-finite") as e:
         get_loss(name)(inp, **kwargs)
     assert "row 2, position 3" in str(e.value)
 
 
-@pytest.mark.parametrize(("name", "kwargs"), LOSS_CONFIGS)
+@pytest.mark.parametrize(("name", "kwargs"), CONFIGS)
 def test_masked_positions_may_hold_anything(name, kwargs) -> None:  # type: ignore[no-untyped-def]
     """Padding is never read: NaN/inf there neither raises nor reaches the loss."""
-    clean = make_inputs(LENGTHS, EPISODES, mode="seq-mean-token-mean")
+    clean = _batch()
     inp = clean
     for field, value in [("advantages", float("nan")), ("logprobs", float("-inf"))]:
         inp = _with(inp, field, (3, 2), value)  # row 3 has 1 token: position 2 is padding
