@@ -134,13 +134,9 @@ def test_a_non_string_observation_fails_its_episode(env_cls: type, message: str)
     policy = ScriptedPolicy(tok, lambda p: "guess[1]")
     tasks = [Task.make("train", i) for i in range(12)]
     res = sample_groups(
-        policy,
-        PlainRenderer(tok),
-        env_cls,
+        SamplerContext(policy, PlainRenderer(tok), env_cls, SamplingParams(), 10),
         tasks,
         group_size=1,
-        sampling=SamplingParams(),
-        max_turns=10,
     )
     errors = [e.error for e in res.episodes if e.error]
     assert errors and all(e.startswith(message) and "must be str" in e for e in errors)
