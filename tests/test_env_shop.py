@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
+import re
+import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from credo.envs import HELDOUT_SEED_OFFSET, StepResult, Task, make_env
-from credo.envs.shop import DIFFICULTIES, ShopEnv, parse_action
+from credo.envs.shop import (
+    DIFFICULTIES,
+    MAX_ACTION_CHARS,
+    MAX_QUERY_KEY_CHARS,
+    MAX_REPLY_CHARS,
+    ShopEnv,
+    parse_action,
+)
 
 
 def run_oracle(env: ShopEnv, task: Task) -> tuple[bool, int, float]:
@@ -244,3 +256,173 @@ def test_multi_both_items_in_either_order_is_success() -> None:
     res = buy_by_hand(env, 0)
     assert res.done and res.info["success"] is True and res.reward == 1.0
     assert env.score() == (1.0, True)
+
+
+# ----------------------------------------------------------- hostile input (issue 17)
+#: The grammar as it was first written (a backtracking regex): the reference the linear
+#: parser must agree with on every input short enough for the regex to be fast.
+_REFERENCE_RE = re.compile(r"^\s*(search|click|choose)\s*\[\s*(.*?)\s*\]\s*$|^\s*(back|buy)\s*$")
+
+
+def _reference_parse(text: str) -> tuple[str, str] | None:
+    m = _REFERENCE_RE.match(text.lower())
+    if m is None:
+        return None
+    return (m.group(1), m.group(2)) if m.group(1) else (m.group(3), "")
+
+
+_PIECES = st.sampled_from(
+    [
+        "search",
+        "click",
+        "choose",
+        "back",
+        "buy",
+        "[",
+        "]",
+        " ",
+        "\n",
+        "\t",
+        "\u00a0",
+        "\u2003",
+        "x",
+        "1",
+        "²",
+        "Red",
+        "SEARCH",
+        "m",
+        "\r",
+        "\x0b",
+        "[ ",
+        " ]",
+        "İ",
+        "K",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_PIECES | st.text(max_size=3), max_size=12).map("".join))
+def test_parse_action_agrees_with_the_reference_grammar(text: str) -> None:
+    assert parse_action(text) == _reference_parse(text)
+
+
+@pytest.mark.parametrize(
+    "action",
+    ["search[" + " " * 2_000, "search[" + " " * 1_000_000, "click[" + "\t" * 1_000_000 + "x"],
+)
+def test_parse_action_is_linear_time(action: str) -> None:
+    t0 = time.perf_counter()
+    assert parse_action(action) is None
+    assert time.perf_counter() - t0 < 0.5  # the regex took 8 s at 2,000 spaces, 125 s at 8,000
+
+
+_REFERENCE_BARE = re.compile(r"^\W*(?:action\W*)?(back|buy)\W*$", re.I | re.M)
+_LINES = st.sampled_from(
+    [
+        "action",
+        "Action:",
+        "back",
+        "BUY",
+        "buy",
+        "x",
+        "\n",
+        "\r",
+        " ",
+        "-",
+        "!",
+        "\n\n",
+        "K",
+        "_",
+        "search[red hat]",
+        "\u2028",
+        "\x85",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_LINES | st.text(max_size=2), max_size=10).map("".join))
+def test_extract_action_agrees_with_the_reference_regex(text: str) -> None:
+    """The line-bounded bare-action regex finds the same action as the original one."""
+    bracketed = ShopEnv().extract_action(text)
+    m = _REFERENCE_BARE.search(text)
+    if "[" not in text:
+        assert bracketed == (m.group(1) if m else None)
+
+
+def test_extract_action_is_linear_time() -> None:
+    env = ShopEnv()
+    for text in ["\n" * 4_000, "\n" * 1_000_000, " \n" * 500_000 + "buy", "search" + " " * 10**6]:
+        t0 = time.perf_counter()
+        env.extract_action(text)
+        assert time.perf_counter() - t0 < 0.5  # quadratic before: 0.7 s at 4,000 newlines
+    assert env.extract_action("\n" * 1_000 + "-- buy --\nback") == "buy"
+    # a reply is read up to MAX_REPLY_CHARS, the bare form in whole lines only
+    pad = "x" * (MAX_REPLY_CHARS - 20)
+    assert env.extract_action(pad + " click[2] ") == "click[2]"
+    assert env.extract_action(pad + " " * 20 + "click[2]") is None
+    assert env.extract_action(pad + "\nbuy\n") == "buy"
+    assert env.extract_action(pad + "\n" + " " * 16 + "buying") is None  # not "buy" at the cut
+    assert env.extract_action("action:\n\n  BUY !\n") == "BUY"
+
+
+@pytest.mark.parametrize("digit", ["²", "³", "¹", "١", "٣", "𝟚", "①"])
+def test_click_with_a_non_ascii_digit_is_invalid_not_an_error(digit: str) -> None:
+    env = ShopEnv()
+    env.reset(Task.make("train", 1))
+    env.step(env.oracle_action())
+    res = env.step(f"click[{digit}]")  # "²".isdigit() is True, int("²") raises
+    assert not res.info["valid"] and "no such result" in res.observation
+    assert env.step("click[1]").info["valid"]  # ASCII digits still work
+
+
+def test_huge_actions_are_invalid_and_bounded() -> None:
+    env = ShopEnv()
+    env.reset(Task.make("train", 0))
+    for action in ["search[" + "red " * 250_000 + "]", "click[" + "9" * 5_000 + "]", "x" * 10**6]:
+        t0 = time.perf_counter()
+        res = env.step(action)
+        assert time.perf_counter() - t0 < 0.5
+        assert not res.info["valid"]
+        assert f"longer than {MAX_ACTION_CHARS} characters" in res.observation
+        assert len(res.observation) < 200 and len(env.state_key()) < 200
+    # the longest action that is still read: a query of MAX_ACTION_CHARS characters
+    env.reset(Task.make("train", 0))
+    words = env.goals[0].words()
+    query = " ".join(words * (MAX_ACTION_CHARS // 40))
+    action = f"search[{query}]"[: MAX_ACTION_CHARS - 1] + "]"
+    assert len(action) <= MAX_ACTION_CHARS
+    assert env.step(action).info["valid"]
+    key = env.state_key()
+    assert len(key) <= MAX_QUERY_KEY_CHARS + 40  # a long query is kept as its digest
+    env.step("back")
+    env.step(action)
+    assert env.state_key() == key  # ... which is still canonical
+
+
+def test_ordinary_episodes_are_unchanged() -> None:
+    """Observations, state keys, rewards and infos of ordinary episodes (oracle, sampled and
+    a few malformed actions, every difficulty) hash to the digest recorded before the
+    hostile-input fixes: recorded runs depend on these exact strings."""
+    h = hashlib.sha256()
+    for diff in sorted(DIFFICULTIES):
+        env = ShopEnv(diff)
+        rng = random.Random(0)
+        for i in range(25):
+            env.reset(Task.make("train", i))
+            h.update(env.state_key().encode())
+            while True:
+                a = env.oracle_action() if rng.random() < 0.5 else env.sample_action(rng)
+                if rng.random() < 0.1:
+                    a = rng.choice(
+                        ["hello", "click[x]", "search[]", " Click [ 2 ] ", "BUY", "choose[ M ]"]
+                    )
+                r = env.step(a)
+                h.update(
+                    f"{a}\x00{r.observation}\x00{env.state_key()}\x00{env.abstract_state_key()}"
+                    f"\x00{r.reward}\x00{r.done}\x00{sorted(r.info.items())}".encode()
+                )
+                if r.done:
+                    break
+    assert h.hexdigest() == "1269e10d1391df2ffd6b149727fd01e8c934b39a74e6d68e26b6e6e5ba9fb897"

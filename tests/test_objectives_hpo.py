@@ -266,3 +266,35 @@ def test_errors():
         get_loss("holder")(inp, unit="group")
     with pytest.raises(ValueError, match="clip bounds"):
         get_loss("holder")(inp, clip_low=1.0)
+
+
+# ------------------------------------------------------------- extreme ratios (issue 17)
+
+
+@pytest.mark.parametrize("name", ["holder", "holder_token"])
+@pytest.mark.parametrize("adv", [-5.0, -1.0, 0.0, 1.0])
+@pytest.mark.parametrize("p", [1.0, 0.0, -1.0])
+@pytest.mark.parametrize("log_r", [100.0, 1000.0, -100.0])
+def test_holder_is_finite_at_extreme_log_ratios_in_float32(name, adv, p, log_r):
+    """float32 at log-ratio +100 gave +inf (Ā < 0) or NaN (Ā = 0) without a word; the
+    Hölder log-ratio is now capped at +20 before ``exp``, like the PPO surrogate."""
+    d = torch.float32
+    old = torch.full((1, 3), -1.0, dtype=d)
+    lp = (old + log_r).requires_grad_()
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    ep, turn = torch.tensor([0]), torch.tensor([0])
+    w = aggregation_weights(mask, "seq-mean-token-mean", episode=ep, turn=turn)
+    inp = LossInputs(lp, old, torch.full((1, 3), adv, dtype=d), mask, w, ep, turn)
+    loss, metrics = get_loss(name)(inp, **_const(p))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
+    assert all(torch.isfinite(v) for v in metrics.values()), metrics
+    # by hand (one row, W = 1): Ā > 0 takes the clip (1.2 above, 0.8 below for Ā < 0 ...)
+    if log_r > 0:
+        expected = {1.0: -1.2, 0.0: 0.0}.get(adv, -adv * math.exp(20.0))
+    else:  # log ρ = −100: Ā > 0 keeps it (exp ≈ 0), Ā < 0 takes max(log ρ, log 0.8)
+        expected = {1.0: 0.0, 0.0: 0.0}.get(adv, -adv * 0.8)
+    assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert metrics["policy/ratio_mean"].item() == pytest.approx(
+        math.exp(20.0) if log_r > 0 else 0.0, rel=1e-5, abs=1e-6
+    )

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from credo.envs import StepResult, Task
+from credo.envs.base import reset_env, step_env
 from credo.policy import Generation, SamplingParams
 from credo.rollout import PlainRenderer, Turn, sample_groups
 from credo.rollout.sampler import SamplerContext
@@ -94,6 +95,73 @@ def test_a_failing_env_fails_its_episode_not_the_run() -> None:
     errors = [e for e in res.episodes if e.error]
     assert errors and all("RuntimeError: boom" in e.error and not e.success for e in errors)
     assert any(e.error is None and e.steps for e in res.episodes)
+
+
+class NonStringStep(GuessEnv):
+    """Odd secrets: ``step`` returns the range as a tuple instead of a string."""
+
+    def step(self, action: str) -> StepResult:
+        res = super().step(action)
+        if self.secret % 2:
+            res.observation = (self.lo, self.hi)  # type: ignore[assignment]
+        return res
+
+
+class NonStringReset(GuessEnv):
+    """Odd secrets: ``reset`` returns bytes instead of a string."""
+
+    def reset(self, task: Task, seed: int = 0) -> str:
+        obs = super().reset(task, seed)
+        return obs.encode() if self.secret % 2 else obs  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "message"),
+    [
+        (
+            NonStringStep,
+            "step: TypeError: NonStringStep.step() returned an observation of type tuple",
+        ),
+        (
+            NonStringReset,
+            "reset: TypeError: NonStringReset.reset() returned an observation of type bytes",
+        ),
+    ],
+)
+def test_a_non_string_observation_fails_its_episode(env_cls: type, message: str) -> None:
+    """It used to be formatted into the prompt as ``(1, 3)`` / ``b'...'`` without a word."""
+    tok = _tokenizer()
+    policy = ScriptedPolicy(tok, lambda p: "guess[1]")
+    tasks = [Task.make("train", i) for i in range(12)]
+    res = sample_groups(
+        SamplerContext(policy, PlainRenderer(tok), env_cls, SamplingParams(), 10),
+        tasks,
+        group_size=1,
+    )
+    errors = [e.error for e in res.episodes if e.error]
+    assert errors and all(e.startswith(message) and "must be str" in e for e in errors)
+    assert len(errors) == sum(_odd(t) for t in tasks)
+    assert any(e.error is None and e.steps for e in res.episodes)
+    for ep in res.episodes:
+        assert all(isinstance(s.observation, str) for s in ep.steps)
+
+
+def _odd(task: Task) -> bool:
+    env = GuessEnv()
+    env.reset(task)
+    return env.secret % 2 == 1
+
+
+def test_step_env_and_reset_env_reject_non_string_observations() -> None:
+    env = NonStringStep()
+    task = next(t for t in (Task.make("train", i) for i in range(20)) if _odd(t))
+    assert reset_env(env, task, 0) == "the secret is from 1 to 8"
+    with pytest.raises(
+        TypeError, match=r"NonStringStep\.step\(\) returned an observation of type tuple"
+    ):
+        step_env(env, "guess[1]")
+    with pytest.raises(TypeError, match=r"NonStringReset\.reset\(\) returned .* type bytes"):
+        reset_env(NonStringReset(), task, 0)
 
 
 def test_malformed_actions_are_env_messages() -> None:

@@ -67,11 +67,13 @@ __all__ = [
     "StepResult",
     "Task",
     "Transition",
+    "check_observation",
     "check_replay",
     "env_names",
     "make_env",
     "privileged_context",
     "register_env",
+    "reset_env",
     "resolve_env",
     "restore_env",
     "snapshot_env",
@@ -179,11 +181,40 @@ def privileged_context(env: Any, kind: str) -> str | None:
     return text or None
 
 
+def check_observation(observation: Any, env: Any, method: str) -> str:
+    """Return ``observation`` if it is a ``str``; else raise a ``TypeError`` naming the
+    env's method and the type it returned (credo never converts an observation: ``str()``
+    of a tuple or of bytes would reach the prompt without a word)."""
+    if isinstance(observation, str):
+        return observation
+    shown = repr(observation)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise TypeError(
+        f"{type(env).__name__}.{method}() returned an observation of type "
+        f"{type(observation).__name__} ({shown}); observations must be str"
+    )
+
+
+def reset_env(env: Any, task: Task, seed: int) -> str:
+    """``env.reset(task, seed)``, checked to be a ``str`` (see :func:`check_observation`)."""
+    return check_observation(env.reset(task, seed), env, "reset")
+
+
 def step_env(env: Any, action: str) -> Transition:
-    """Step ``env`` and record the state keys and optional progress signals."""
+    """Step ``env`` and record the state keys and optional progress signals.
+
+    Raises ``TypeError`` if ``step`` returns no :class:`StepResult`-like object or a
+    non-string observation (see :func:`check_observation`).
+    """
     state = env.state_key()
     abstract = _optional(env, "abstract_state_key")
     result = env.step(action)
+    if not all(hasattr(result, a) for a in ("observation", "reward", "done", "info")):
+        raise TypeError(
+            f"{type(env).__name__}.step() returned a {type(result).__name__}; expected a "
+            "StepResult(observation, reward, done, info)"
+        )
+    check_observation(result.observation, env, "step")
     info = dict(result.info)
     if abstract is not None:
         info["abstract_state"] = abstract

@@ -5,8 +5,9 @@ in stock) around one or more goal items, and an instruction such as::
 
     buy a red wool scarf in size m for at most $40
 
-Pages and actions (the action grammar is strict; anything else is an invalid action,
-answered with a message and counted as a turn)::
+Pages and actions (the action grammar is strict, see :func:`parse_action`; anything
+else, or any action longer than :data:`MAX_ACTION_CHARS` characters, is an invalid
+action, answered with a message and counted as a turn)::
 
     home     search[words]   rank products by BM25 over their titles → results
     results  click[k]        open the k-th result (by rank on screen) → item
@@ -41,6 +42,7 @@ overrides its preset value.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import random
@@ -50,7 +52,18 @@ from typing import Any
 
 from credo.envs.base import StepResult, Task, register_env
 
-__all__ = ["CATEGORIES", "COLORS", "DIFFICULTIES", "MATERIALS", "SIZES", "ShopEnv", "parse_action"]
+__all__ = [
+    "CATEGORIES",
+    "COLORS",
+    "DIFFICULTIES",
+    "MATERIALS",
+    "MAX_ACTION_CHARS",
+    "MAX_QUERY_KEY_CHARS",
+    "MAX_REPLY_CHARS",
+    "SIZES",
+    "ShopEnv",
+    "parse_action",
+]
 
 CATEGORIES = (
     "scarf",
@@ -108,24 +121,49 @@ DIFFICULTIES: dict[str, dict[str, Any]] = {
     ),
 }
 
-_ACTION_RE = re.compile(r"^\s*(search|click|choose)\s*\[\s*(.*?)\s*\]\s*$|^\s*(back|buy)\s*$")
+#: Longer actions are invalid ("action longer than ... characters"), before any parsing.
+#: Model actions are a few words (16 tokens for the built-in model, 48 for chat models).
+MAX_ACTION_CHARS = 1000
+#: :meth:`ShopEnv.extract_action` reads at most this many characters of a reply (a chat
+#: reply is a few hundred; the regex searches cost ~0.1 s per million characters).
+MAX_REPLY_CHARS = 100_000
+#: A search query longer than this (its sorted words joined) appears in ``state_key()`` as
+#: ``#`` + a 32-hex-digit digest, so keys stay short; ordinary queries are a few words.
+MAX_QUERY_KEY_CHARS = 256
+
+_ARG_VERBS = ("search", "click", "choose")
+_BARE_VERBS = ("back", "buy")
 _WORD_RE = re.compile(r"[a-z0-9]+")
 _FIND_BRACKETED = re.compile(r"\b(search|click|choose)\s*\[[^\[\]]*\]", re.I)
-_FIND_BARE = re.compile(r"^\W*(?:action\W*)?(back|buy)\W*$", re.I | re.M)
+# a line that is just back/buy (optionally after "action"); [^\w\n] keeps every attempt
+# inside one line, so the search is linear in the text (a \W* spanning lines was quadratic)
+_FIND_BARE = re.compile(r"^[^\w\n]*(?:action[^\w\n]*)?(back|buy)[^\w\n]*$", re.I | re.M)
 
 
 def parse_action(text: str) -> tuple[str, str] | None:
     """``"click [ 2 ]"`` → ``("click", "2")``; ``"buy"`` → ``("buy", "")``; else ``None``.
 
     Whitespace around brackets is allowed (a word-level tokenizer decodes with spaces);
-    anything else around the action is not.
+    anything else around the action is not. The grammar (case-insensitive; whitespace as
+    in ``str.isspace``)::
+
+        action := ws* (search|click|choose) ws* "[" ws* arg ws* "]" ws*  |  ws* (back|buy) ws*
+
+    where ``arg`` is everything between the first ``[`` and the last ``]`` with the
+    surrounding whitespace stripped, and holds no line break. Parsed by hand in time
+    linear in ``len(text)`` (a backtracking regex took cubic time on long runs of spaces).
     """
-    m = _ACTION_RE.match(text.lower())
-    if m is None:
-        return None
-    if m.group(1):
-        return m.group(1), m.group(2)
-    return m.group(3), ""
+    t = text.lower().strip()
+    if t in _BARE_VERBS:
+        return t, ""
+    for verb in _ARG_VERBS:
+        if t.startswith(verb):
+            rest = t[len(verb) :].lstrip()
+            if not (rest.startswith("[") and rest.endswith("]")):
+                return None
+            arg = rest[1:-1].strip()
+            return None if "\n" in arg else (verb, arg)
+    return None
 
 
 @dataclass(frozen=True)
@@ -455,6 +493,8 @@ class ShopEnv:
         if s.page == "done":
             raise RuntimeError("step() called after the episode ended; call reset()")
         s.message = ""
+        if len(action) > MAX_ACTION_CHARS:
+            return self._invalid(f"action longer than {MAX_ACTION_CHARS} characters")
         parsed = parse_action(action)
         if parsed is None:
             return self._invalid("use search[...] , click[...] , choose[...] , back or buy")
@@ -469,7 +509,8 @@ class ShopEnv:
         elif verb == "click":
             if s.page != "results":
                 return self._invalid("click only on results")
-            if not arg.isdigit() or not 1 <= int(arg) <= len(s.results):
+            # ASCII digits only: str.isdigit() also accepts "²", which int() rejects
+            if not (arg.isascii() and arg.isdigit()) or not 1 <= int(arg) <= len(s.results):
                 return self._invalid("no such result")
             s.item, s.size, s.page = s.results[int(arg) - 1], None, "item"
             s.visited = (*s.visited, s.item)
@@ -492,11 +533,20 @@ class ShopEnv:
         return self._finish_turn(valid=True)
 
     def state_key(self) -> str:
-        """Canonical page state: page, query words (sorted), item, size and cart."""
+        """Canonical page state: page, query words (sorted), item, size and cart.
+
+        A query longer than :data:`MAX_QUERY_KEY_CHARS` characters is written as ``#``
+        and the BLAKE2b digest (16 bytes, hex) of its sorted words, so a key has at most
+        ``MAX_QUERY_KEY_CHARS`` + ~10·``n_items`` + 30 characters; shorter queries (every
+        query of an oracle or a model) appear verbatim.
+        """
         s = self._s
         cart = ",".join(f"{pid}:{size}" for pid, size in s.cart)
         if s.page == "results":
-            return f"results|{' '.join(sorted(s.query))}|{cart}"
+            query = " ".join(sorted(s.query))
+            if len(query) > MAX_QUERY_KEY_CHARS:
+                query = "#" + hashlib.blake2b(query.encode(), digest_size=16).hexdigest()
+            return f"results|{query}|{cart}"
         if s.page == "item":
             return f"item|{s.item}|{s.size}|{cart}"
         return f"{s.page}|{cart}"
@@ -534,11 +584,18 @@ class ShopEnv:
         The first ``verb[...]`` anywhere wins; otherwise a line that is just ``back`` or
         ``buy`` (optionally after ``Action:``). The grammar itself stays strict: what is
         found is still parsed by :func:`parse_action` in :meth:`step`.
+
+        Only the first :data:`MAX_REPLY_CHARS` characters are read (for the bare form,
+        the whole lines among them), so a runaway reply costs a few milliseconds; both
+        searches are linear in what is read.
         """
-        m = _FIND_BRACKETED.search(text)
+        head = text[:MAX_REPLY_CHARS]
+        m = _FIND_BRACKETED.search(head)
         if m:
             return m.group(0)
-        m = _FIND_BARE.search(text)
+        if len(text) > MAX_REPLY_CHARS:  # a line cut at the cap could read as "buy"
+            head = head[: head.rfind("\n") + 1]
+        m = _FIND_BARE.search(head)
         return m.group(1) if m else None
 
     def action_format(self) -> str:

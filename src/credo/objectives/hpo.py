@@ -49,6 +49,13 @@ schedule       p(step)                               direction over S steps
 ``cubic_dec``  ``mid − amp·(2x − 1)³``               p_max → p_min
 =============  ====================================  ==========================
 
+**Extreme ratios.** ``exp`` is taken of ``min(log ρ^sel, 20)`` (:data:`LOG_RATIO_CAP`, the
+cap of credo's PPO surrogate), for the loss and for the ratio metrics. Without it a
+sequence with ``log ρ > 88.7`` overflows float32: +inf for ``Ā < 0`` (where the sign rule
+keeps the unclipped ratio) and NaN for ``Ā = 0``. Above the cap the loss is constant in θ
+(zero gradient, as in PPO); only a policy that has already moved e^20-fold from the
+sampler gets there, and the exact formula would give it an infinite step.
+
 (``n`` = ``power``, default 2.) The names and directions are the authors': ``sin``,
 ``quad`` and ``cubic`` *increase*; their decreasing twins are ``cos``, ``quad_dec`` and
 ``cubic_dec``. Every schedule is monotone and stays at its end value after S steps.
@@ -70,6 +77,7 @@ from credo.objectives.registry import register_loss
 
 __all__ = [
     "HOLDER_SCHEDULES",
+    "LOG_RATIO_CAP",
     "holder",
     "holder_p",
     "holder_token",
@@ -90,6 +98,9 @@ HOLDER_SCHEDULES = (
 )
 UNITS = ("row", "episode")
 _P_ZERO = 1e-6
+#: Cap on the (selected) Hölder log-ratio before ``exp``, as the PPO surrogate caps its
+#: log-ratio (:func:`credo.objectives.ppo.ppo_token_loss`): ratios are at most e^20 ≈ 4.9e8.
+LOG_RATIO_CAP = 20.0
 
 
 def holder_p(
@@ -219,8 +230,10 @@ def _select_by_sign(
     return sel, (log_r < lo) | (log_r > hi)
 
 
-def _safe_exp(log_x: torch.Tensor) -> torch.Tensor:
-    return torch.exp(log_x.clamp(max=math.log(torch.finfo(log_x.dtype).max)))
+def _capped_exp(log_x: torch.Tensor) -> torch.Tensor:
+    """``exp(min(log_x, LOG_RATIO_CAP))``: finite in every float dtype (see the module
+    docstring, *Extreme ratios*)."""
+    return torch.exp(log_x.clamp(max=LOG_RATIO_CAP))
 
 
 def _holder_loss(
@@ -265,9 +278,9 @@ def _holder_loss(
         log_rho = log_holder_mean(lr, m, p_now, seq, num)
         log_rho_sel, outside = _select_by_sign(log_rho, lo, hi, adv)
         clipped = outside[seq][:, None] & m
-    loss_seq = -adv * _safe_exp(log_rho_sel)
+    loss_seq = -adv * _capped_exp(log_rho_sel)
     loss = (weight * loss_seq).sum()
-    rho = _safe_exp(log_rho.detach())
+    rho = _capped_exp(log_rho.detach())
     metrics = policy_metrics(
         loss=loss,
         weights=w,

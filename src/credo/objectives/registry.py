@@ -10,15 +10,20 @@ A loss that needs something from the sampler (KLPO's auxiliary draws) declares i
 registers, as ``requires(params, rollout) -> str | None``: given the loss's params and
 the run's rollout settings, the message that says what is missing and how to set it, or
 ``None``. The config check calls it at load time, before any compute.
+
+Every registered loss first checks that its inputs are finite on unmasked tokens
+(:func:`~credo.objectives.inputs.check_finite_inputs`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from credo.objectives.inputs import LossInputs, check_finite_inputs
 from credo.utils.registry import Registry, check_kwargs
 
 __all__ = [
@@ -58,12 +63,27 @@ def register_loss(
 ) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator: make ``fn`` available as ``objective.loss: <name>`` in configs.
 
+    The registered (and returned) function is ``fn`` behind
+    :func:`~credo.objectives.inputs.check_finite_inputs`: every registered loss, called
+    through the registry or directly, raises a ``ValueError`` naming the input that is
+    NaN/±inf on an unmasked token instead of returning a NaN loss. The wrapper keeps
+    ``fn``'s name, docstring and signature (``__wrapped__``).
+
     Args:
         name: the config name.
         requires: what the loss needs from the run's settings (see the module
             docstring); ``None``: nothing.
     """
-    return LOSSES.register(name, requires=requires or _nothing_required)
+
+    def deco(fn: PolicyLoss) -> PolicyLoss:
+        @functools.wraps(fn)
+        def checked(inputs: LossInputs, *args: Any, **kwargs: Any) -> Any:
+            check_finite_inputs(inputs, name)
+            return fn(inputs, *args, **kwargs)
+
+        return LOSSES.register(name, requires=requires or _nothing_required)(checked)
+
+    return deco
 
 
 def loss_requirements(name: str) -> Requirement:

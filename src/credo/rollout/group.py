@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from credo.data import Episode, ForestBuilder, RolloutForest, Step
-from credo.envs.base import Task, snapshot_env, step_env
+from credo.envs.base import Task, reset_env, snapshot_env, step_env
 from credo.rollout.render import Turn
 from credo.rollout.sampler import SamplerContext, register_sampler
 
@@ -161,7 +161,7 @@ class EpisodeRunner:
 
     def start(self, seed: int) -> None:
         try:
-            self.observation = self.env.reset(self.task, seed)
+            self.observation = reset_env(self.env, self.task, seed)
             self.instruction = self.observation
             self.refresh_instruction()
         except Exception as exc:  # a user env that raises fails its episode, not the run
