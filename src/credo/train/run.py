@@ -10,7 +10,6 @@ with the same tasks, sampling and random stream.
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,6 @@ from credo.policy.base import SamplingParams
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import apply_lora
 from credo.policy.tiny import create_tiny_policy
-from credo.policy.tokenizer import split_words
 from credo.rollout import (
     RolloutResult,
     SamplerContext,
@@ -33,6 +31,7 @@ from credo.rollout import (
     sampler_params,
 )
 from credo.rollout.render import PLAIN_WORDS, Renderer, make_renderer, oracle_examples
+from credo.train.check_env import check_round_trip, collect_words, preflight
 from credo.train.config import Config
 
 __all__ = [
@@ -166,6 +165,12 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     make = env_factory(cfg)
+    r = cfg.rollout
+    preflight(
+        make,
+        needs_oracle=cfg.sft.enabled and policy_path is None,
+        snapshots=r.sampler in ("tree", "resample") or r.oracle_horizon > 0,
+    )
     env = make()
     cap = getattr(env, "max_turns", None)
     if cfg.rollout.max_turns is not None:
@@ -179,6 +184,7 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
         else _policy(cfg, env, make)
     )
     renderer = build_renderer(cfg, policy, builtin=builtin, env=env, make=make)
+    check_round_trip(make, [Task.make("train", i) for i in range(2)], policy.tokenizer, renderer)
     return Run(cfg, make, policy, builtin, renderer, sampling_for(cfg, builtin=builtin), max_turns)
 
 
@@ -244,32 +250,19 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
 
 def env_vocabulary(env: Any, make: Callable[[], Any], episodes: int = 200) -> list[str]:
     """Words for the built-in tokenizer: ``env.vocabulary()`` when the env has it, else
-    the words seen in the instructions, observations and oracle/random actions of a few
-    episodes (words never seen become ``<unk>``)."""
+    the words seen in the instructions, observations and actions of ``episodes`` episodes
+    (words never seen become ``<unk>``). The actions are the oracle's and sampled ones
+    when the env offers ``oracle_action``/``sample_action``, else a random walk over the
+    words the env prints (its observations, instruction and ``action_format()``).
+
+    Raises:
+        EnvCheckError: an env with neither ``oracle_action`` nor ``sample_action`` accepts
+            none of the words it prints as an action; the message says which method to
+            add (:func:`credo.train.check_env.collect_words`).
+    """
     if hasattr(env, "vocabulary"):
         return [*env.vocabulary(), *PLAIN_WORDS]
-    words: set[str] = set(PLAIN_WORDS)
-    rng = random.Random(0)
-    e = make()
-    for i in range(episodes):
-        obs = e.reset(Task.make("train", i), 0)
-        words.update(split_words(e.instruction() if hasattr(e, "instruction") else obs))
-        for _ in range(64):
-            words.update(split_words(obs))
-            if hasattr(e, "oracle_action") and (
-                not hasattr(e, "sample_action") or rng.random() < 0.7
-            ):
-                action = e.oracle_action()
-            elif hasattr(e, "sample_action"):
-                action = e.sample_action(rng)
-            else:
-                break
-            words.update(split_words(action))
-            res = e.step(action)
-            obs = res.observation
-            if res.done:
-                break
-    return sorted(words)
+    return sorted({*PLAIN_WORDS, *collect_words(make, episodes)})
 
 
 def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
