@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -366,8 +367,6 @@ def _import_module(name: str, module_name: str) -> Any:
         path = os.path.abspath(os.path.expanduser(module_name))
         if not os.path.isfile(path):
             raise ValueError(f"--env {name!r}: no such file {module_name!r}")
-        import importlib.util
-
         mod_name = "credo_env_" + os.path.splitext(os.path.basename(path))[0]
         spec = importlib.util.spec_from_file_location(mod_name, path)
         if spec is None or spec.loader is None:
