@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import inspect
 import json
-import os
 import re
 import shutil
 import sys
@@ -34,9 +33,6 @@ from typing import Any
 import yaml
 
 __all__ = ["build_parser", "main"]
-
-#: Seconds the hub reachability probe of ``--model HUB_NAME`` waits.
-HUB_PROBE_S = 3.0
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*=")
 
@@ -99,62 +95,6 @@ def baseline_label(cfg: Any) -> str:
 def _positive(option: str, value: int | None) -> None:
     if value is not None and value < 1:
         raise UsageError(f"{option} must be a whole number ≥ 1, got {value}")
-
-
-# ----------------------------------------------------------------- model checks
-def model_problem(name: str | None) -> str | None:
-    """Why ``--model name`` cannot load, found without loading it (``None`` if it may):
-    an empty or incomplete folder, a missing path, a malformed hub name, or a hub name
-    that is neither in the local Hugging Face cache nor reachable (``HF_HUB_OFFLINE``
-    set, or a :data:`HUB_PROBE_S`-second connection probe failing)."""
-    from credo.policy.models import MODEL_ALIASES
-
-    if name is None or name in MODEL_ALIASES:
-        return None
-    accepted = (
-        "--model takes a Hugging Face model folder (config.json, weights, tokenizer), a hub "
-        f"name like Org/Model, or a credo alias ({', '.join(MODEL_ALIASES)})"
-    )
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            return f"model.name={name!r}: the folder has no config.json. {accepted}"
-        return None
-    if path.exists():
-        return f"model.name={name!r} is a file, not a folder. {accepted}"
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        return f"model.name={name!r}: no such folder. {accepted}"
-    if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", name):
-        return f"model.name={name!r} is neither a folder nor a valid hub name. {accepted}"
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
-            return None
-    except Exception:  # an unusual cache layout: let the loader decide
-        return None
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    if offline:
-        return (
-            f"model.name={name!r}: not a folder, not a credo alias and not in the Hugging Face "
-            f"cache, and HF_HUB_OFFLINE is set. {accepted}"
-        )
-    import socket
-
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=HUB_PROBE_S).close()
-    except OSError:
-        return (
-            f"model.name={name!r}: not a folder, not a credo alias, not in the Hugging Face "
-            f"cache, and huggingface.co is unreachable ({HUB_PROBE_S:g} s probe). {accepted}"
-        )
-    return None
-
-
-def _check_model(cfg: Any) -> None:
-    problem = model_problem(cfg.model.name)
-    if problem:
-        raise UsageError(problem)
 
 
 # ----------------------------------------------------------------- run folders
@@ -268,7 +208,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.recipe, _overrides(args))
         resume = None
-    _check_model(cfg)
     runs_dir = Path(cfg.train.runs_dir)
     before = _run_dirs(runs_dir)
     try:
@@ -290,6 +229,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.warm is not None and result.final is not None:
         delta = result.final.success_rate - result.warm.success_rate
         console.print(f"change in held-out success: {delta:+.1%} (absolute)")
+    for label, ev in ((baseline_label(cfg), result.warm), ("trained", result.final)):
+        if ev is not None and getattr(ev, "errors", 0):
+            console.print(
+                f"[red]{label}: {ev.errors} of {ev.episodes} held-out episodes ended in an env "
+                "exception (counted as failures)[/red]"
+            )
     console.print(
         f"run folder: {result.run_dir}  ({result.iterations} iterations, "
         f"{result.seconds / 60:.1f} min)"
@@ -303,7 +248,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     _positive("--episodes", args.episodes)
     cfg = load_config(args.recipe, _overrides(args))
-    _check_model(cfg)
     res = run_sft(cfg, episodes=args.episodes, quiet=args.quiet)
     console = _console()
     console.print(
@@ -328,6 +272,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not (run_dir / "config.yaml").exists():
             raise UsageError(f"{run_dir} is not a run folder (no config.yaml)")
     else:
+        from credo.train.run import model_problem
+
         problem = model_problem(args.model)
         if problem:
             raise UsageError(problem)
@@ -488,12 +434,12 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 def cmd_check_env(args: argparse.Namespace) -> int:
     from credo.train.check_env import check_env
     from credo.train.config import load_config
-    from credo.train.run import env_factory
+    from credo.train.run import check_tokenizer, env_factory
 
     _positive("--tasks", args.tasks)
     cfg = load_config(args.recipe, _overrides(args))
     make = env_factory(cfg)
-    tokenizer, renderer = _check_tokenizer(cfg, make)
+    tokenizer, renderer = check_tokenizer(cfg, make)
     report = check_env(make, tasks=args.tasks, tokenizer=tokenizer, renderer=renderer)
     for name in report.passed:
         print(f"ok      {name}")
@@ -506,36 +452,6 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     verdict = "passes" if report.ok else "fails"
     print(f"{report.env} ({cfg.env.name}) {verdict} the env checks on {args.tasks} tasks")
     return 0 if report.ok else 1
-
-
-def _check_tokenizer(cfg: Any, make: Any) -> tuple[Any, Any]:
-    """The tokenizer and renderer ``check-env`` sends actions through: the built-in
-    word tokenizer over the env's vocabulary, or ``--model``'s tokenizer."""
-    from credo.rollout.render import make_renderer
-    from credo.train.check_env import EnvCheckError
-    from credo.train.run import env_vocabulary
-
-    env = make()
-    if cfg.model.name is None:
-        from credo.policy.tokenizer import build_word_tokenizer
-
-        try:
-            tokenizer = build_word_tokenizer(env_vocabulary(env, make))
-        except EnvCheckError as exc:
-            raise UsageError(str(exc)) from None
-        builtin = True
-    else:
-        _check_model(cfg)
-        from transformers import AutoTokenizer
-
-        from credo.policy.models import resolve_model
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name))
-        builtin = False
-    renderer = make_renderer(
-        tokenizer, builtin=builtin, history_turns=cfg.rollout.history_turns, env=env
-    )
-    return tokenizer, renderer
 
 
 # ----------------------------------------------------------------- credo config

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLog", "plot_curves", "read_metrics"]
+__all__ = ["MetricsLog", "curves_figure", "plot_curves", "read_metrics"]
 
 
 class MetricsLog:
@@ -121,6 +121,27 @@ def plot_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig = curves_figure(runs, title=title, baselines=baselines, final=final)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def curves_figure(
+    runs: dict[str, list[dict[str, Any]]],
+    *,
+    title: str = "",
+    baselines: dict[str, float] | None = None,
+    final: dict[str, float] | None = None,
+) -> Any:
+    """The figure :func:`plot_curves` saves (a matplotlib ``Figure``; same arguments but
+    the path). The caller closes it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     panels = [
         ("rollout/success_rate", "success rate"),
         ("rollout/return_mean", "episode return"),
@@ -181,7 +202,4 @@ def plot_curves(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

@@ -10,6 +10,8 @@ with the same tasks, sampling and random stream.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from credo.policy.base import SamplingParams
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import apply_lora
 from credo.policy.tiny import create_tiny_policy
+from credo.policy.tokenizer import build_word_tokenizer
 from credo.rollout import (
     RolloutResult,
     SamplerContext,
@@ -40,11 +43,16 @@ __all__ = [
     "add_adapters",
     "build_renderer",
     "build_run",
+    "check_tokenizer",
     "env_factory",
     "env_vocabulary",
     "max_new_tokens",
+    "model_problem",
     "sampling_for",
 ]
+
+#: Seconds the hub reachability probe of ``--model HUB_NAME`` waits.
+HUB_PROBE_S = 3.0
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -155,7 +163,11 @@ class Run:
 
 def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     """Build a run's parts from its config (see :class:`Run`), failing before any
-    training compute on an env or model that cannot be made.
+    training compute on an env or model that cannot be made: a model that cannot load
+    (:func:`model_problem`), an env that fails the brief protocol check
+    (:func:`credo.train.check_env.preflight`: types, determinism, snapshots when the
+    sampler branches, ``oracle_action`` when the warm start needs it) or whose oracle
+    actions do not survive the tokenizer round trip.
 
     Args:
         cfg: the run config.
@@ -164,6 +176,8 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     """
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
+    if policy_path is None and (problem := model_problem(cfg.model.name)):
+        raise ValueError(problem)
     make = env_factory(cfg)
     r = cfg.rollout
     preflight(
@@ -314,3 +328,76 @@ def add_adapters(cfg: Config, policy: HFPolicy) -> HFPolicy:
     if cfg.model.lora is None:
         return policy
     return apply_lora(policy, cfg.model.lora, seed=cfg.train.seed)
+
+
+def model_problem(name: str | None) -> str | None:
+    """Why ``--model name`` cannot load, found without loading it (``None`` if it may):
+    an empty or incomplete folder, a missing path, a malformed hub name, or a hub name
+    that is neither in the local Hugging Face cache nor reachable (``HF_HUB_OFFLINE``
+    set, or a :data:`HUB_PROBE_S`-second connection probe failing)."""
+    from credo.policy.models import MODEL_ALIASES
+
+    if name is None or name in MODEL_ALIASES:
+        return None
+    accepted = (
+        "--model takes a Hugging Face model folder (config.json, weights, tokenizer), a hub "
+        f"name like Org/Model, or a credo alias ({', '.join(MODEL_ALIASES)})"
+    )
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            return f"model.name={name!r}: the folder has no config.json. {accepted}"
+        return None
+    if path.exists():
+        return f"model.name={name!r} is a file, not a folder. {accepted}"
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return f"model.name={name!r}: no such folder. {accepted}"
+    if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", name):
+        return f"model.name={name!r} is neither a folder nor a valid hub name. {accepted}"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return None
+    except Exception:  # an unusual cache layout: let the loader decide
+        return None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if offline:
+        return (
+            f"model.name={name!r}: not a folder, not a credo alias and not in the Hugging Face "
+            f"cache, and HF_HUB_OFFLINE is set. {accepted}"
+        )
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=HUB_PROBE_S).close()
+    except OSError:
+        return (
+            f"model.name={name!r}: not a folder, not a credo alias, not in the Hugging Face "
+            f"cache, and huggingface.co is unreachable ({HUB_PROBE_S:g} s probe). {accepted}"
+        )
+    return None
+
+
+def check_tokenizer(cfg: Config, make: Callable[[], Any]) -> tuple[Any, Renderer]:
+    """The tokenizer and renderer ``credo check-env`` sends actions through: the built-in
+    word tokenizer over the env's vocabulary (:func:`env_vocabulary`), or ``model.name``'s
+    tokenizer with the chat renderer."""
+    env = make()
+    if cfg.model.name is None:
+        tokenizer = build_word_tokenizer(env_vocabulary(env, make))
+        builtin = True
+    else:
+        from transformers import AutoTokenizer
+
+        from credo.policy.models import resolve_model
+
+        if problem := model_problem(cfg.model.name):
+            raise ValueError(problem)
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name))
+        builtin = False
+    renderer = make_renderer(
+        tokenizer, builtin=builtin, history_turns=cfg.rollout.history_turns, env=env
+    )
+    return tokenizer, renderer
