@@ -154,18 +154,16 @@ def test_train_happy_path_overrides_anywhere_and_first_row(tmp_path: Path) -> No
         "--env",
         f"{env_file}:GuessEnv",
         *[o for o in TINY if not o.startswith("env.name")],
-        "--name",
-        "happy",
         "--quiet",
         cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr
     assert "initial policy (no warm start)" in res.stdout
     assert "warm start (SFT)" not in res.stdout
-    run = tmp_path / "runs" / "happy"
+    (run,) = (tmp_path / "runs").iterdir()  # one folder, not a tree following the path
+    assert run.name.startswith("grpo-") and "GuessEnv" in run.name
     for name in ("config.yaml", "metrics.jsonl", "curves.png", "final_eval.json"):
         assert (run / name).exists(), name
-    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["happy"]
     assert yaml.safe_load((run / "config.yaml").read_text())["optim"]["lr"] == 1e-4
 
 
@@ -190,6 +188,28 @@ def test_version_and_help_examples(capsys: pytest.CaptureFixture) -> None:
         for action in sub._actions:
             if action.option_strings and action.dest != "help":
                 assert action.help, (name, action.dest)
+
+
+def test_listings(capsys: pytest.CaptureFixture) -> None:
+    rc, out, _ = _run(["recipes"], capsys)
+    assert rc == 0 and "gigpo" in out
+    rc, out, _ = _run(["envs"], capsys)
+    assert rc == 0 and "shop" in out and "credo.envs" in out
+    with pytest.raises(SystemExit):
+        parse_args(["recipes", "optim.lr=1"])
+
+
+def test_interrupt_is_exit_130(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import credo.cli as cli
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_recipes", interrupted)
+    rc, _, err = _run(["recipes"], capsys)
+    assert rc == 130 and err.strip() == "interrupted"
 
 
 def test_overrides_may_stand_anywhere() -> None:

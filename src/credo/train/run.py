@@ -367,16 +367,33 @@ def model_problem(name: str | None) -> str | None:
             f"model.name={name!r}: not a folder, not a credo alias and not in the Hugging Face "
             f"cache, and HF_HUB_OFFLINE is set. {accepted}"
         )
-    import socket
-
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=HUB_PROBE_S).close()
-    except OSError:
+    if not _hub_reachable(HUB_PROBE_S):
         return (
             f"model.name={name!r}: not a folder, not a credo alias, not in the Hugging Face "
             f"cache, and huggingface.co is unreachable ({HUB_PROBE_S:g} s probe). {accepted}"
         )
     return None
+
+
+def _hub_reachable(timeout: float) -> bool:
+    """A TCP connection to huggingface.co:443 opens within ``timeout`` seconds, name
+    lookup included (run in a daemon thread, so a hanging DNS lookup cannot stall)."""
+    import socket
+    import threading
+
+    ok = threading.Event()
+
+    def probe() -> None:
+        try:
+            socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+            ok.set()
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return ok.is_set()
 
 
 def check_tokenizer(cfg: Config, make: Callable[[], Any]) -> tuple[Any, Renderer]:
