@@ -266,10 +266,14 @@ def _check_types_and_determinism(make: Callable[[], Any], tasks: list[Task]) -> 
         first = _episode(make(), task, random.Random(task.seed))
         again = _episode(make(), task, random.Random(task.seed), actions=first[0])
         if first[1] != again[1] or first[2] != again[2]:
+            shorter = min(len(first[1]), len(again[1]))
             t = next(
-                i
-                for i in range(min(len(first[1]), len(again[1])))
-                if (first[1][i], first[2][i]) != (again[1][i], again[2][i])
+                (
+                    i
+                    for i in range(shorter)
+                    if (first[1][i], first[2][i]) != (again[1][i], again[2][i])
+                ),
+                shorter - 1,
             )
             raise EnvCheckError(
                 f"{type(make()).__name__} is not deterministic on task {task.id}: two fresh "
@@ -279,32 +283,36 @@ def _check_types_and_determinism(make: Callable[[], Any], tasks: list[Task]) -> 
             )
 
 
-def _check_snapshot(make: Callable[[], Any], task: Task) -> None:
-    env = make()
-    actions, observations, keys = _episode(env, task, random.Random(task.seed))
-    if len(actions) < 2:
-        return
-    k = len(actions) // 2
-    env = make()
-    env.reset(task, 0)
-    for a in actions[:k]:
-        env.step(a)
-    snap = snapshot_env(env)
-    for a in actions[k:]:
-        res = env.step(a)
-        if res.done:
+def _check_snapshot(make: Callable[[], Any], tasks: list[Task]) -> None:
+    """On the first task whose episode has at least two actions: for every turn k, a
+    snapshot taken there, restored into a fresh env after the episode went on, and the
+    recorded action k replayed, gives the recorded observation and state key."""
+    for task in tasks:
+        actions, observations, keys = _episode(make(), task, random.Random(task.seed))
+        if len(actions) >= 2:
             break
-    fresh = make()
-    fresh.reset(task, 0)
-    restore_env(fresh, snap)
-    res = fresh.step(actions[k])
-    if res.observation != observations[k + 1] or fresh.state_key() != keys[k + 1]:
-        raise EnvCheckError(
-            f"{type(env).__name__}: restoring a snapshot taken at turn {k} of task {task.id} "
-            f"and replaying {actions[k]!r} gives {res.observation!r}, not the recorded "
-            f"{observations[k + 1]!r}: snapshot() must capture everything step() depends on "
-            "and restore() put it back"
-        )
+    else:
+        return
+    for k in range(len(actions)):
+        env = make()
+        env.reset(task, 0)
+        for a in actions[:k]:
+            env.step(a)
+        snap = snapshot_env(env)
+        for a in actions[k:]:  # move on, so that a restore that does nothing shows
+            if env.step(a).done:
+                break
+        fresh = make()
+        fresh.reset(task, 0)
+        restore_env(fresh, snap)
+        res = fresh.step(actions[k])
+        if res.observation != observations[k + 1] or fresh.state_key() != keys[k + 1]:
+            raise EnvCheckError(
+                f"{type(env).__name__}: restoring a snapshot taken at turn {k} of task "
+                f"{task.id} and replaying {actions[k]!r} gives {res.observation!r}, not the "
+                f"recorded {observations[k + 1]!r}: snapshot() must capture everything step() "
+                "depends on and restore() put it back"
+            )
 
 
 def round_trip(action: str, tokenizer: Any, renderer: Any = None, env: Any = None) -> str:
@@ -405,7 +413,7 @@ def check_env(
         ),
     ]
     if snapshots:
-        checks.append(("snapshot/restore round trip", lambda: _check_snapshot(make, sample[0])))
+        checks.append(("snapshot/restore round trip", lambda: _check_snapshot(make, sample)))
     if tokenizer is not None:
         checks.append(
             (
