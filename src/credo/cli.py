@@ -134,10 +134,19 @@ def _run_dirs(runs_dir: Path) -> set[Path]:
     return {p for p in runs_dir.iterdir()} if runs_dir.is_dir() else set()
 
 
-def _remove_failed_starts(runs_dir: Path, before: set[Path]) -> None:
-    """Remove run folders a failed start created (no metrics, no checkpoint)."""
+def _remove_failed_starts(runs_dir: Path, before: set[Path], cfg: Any) -> None:
+    """Remove the run folder a failed start created: new since ``before``, holding this
+    run's ``config.yaml`` and neither metrics nor a checkpoint (a concurrent run's folder
+    has another config or its own progress, and is left alone)."""
+    ours = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     for p in _run_dirs(runs_dir) - before:
-        if p.is_dir() and not (p / "metrics.jsonl").exists() and not (p / "checkpoints").exists():
+        if not p.is_dir() or (p / "metrics.jsonl").exists() or (p / "checkpoints").exists():
+            continue
+        try:
+            same = (p / "config.yaml").read_text() == ours
+        except OSError:
+            same = not any(p.iterdir())
+        if same:
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -214,7 +223,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = train(cfg, resume=resume, quiet=args.quiet)
     except Exception:
         if resume is None:
-            _remove_failed_starts(runs_dir, before)
+            _remove_failed_starts(runs_dir, before, cfg)
         raise
     rows = []
     if result.warm is not None:
