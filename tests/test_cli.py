@@ -195,8 +195,6 @@ def test_listings(capsys: pytest.CaptureFixture) -> None:
     assert rc == 0 and "gigpo" in out
     rc, out, _ = _run(["envs"], capsys)
     assert rc == 0 and "shop" in out and "credo.envs" in out
-    with pytest.raises(SystemExit):
-        parse_args(["recipes", "optim.lr=1"])
 
 
 def test_interrupt_is_exit_130(
@@ -219,10 +217,25 @@ def test_overrides_may_stand_anywhere() -> None:
     assert e.run_dir == "runs/x" and e.greedy and e.overrides == ["rollout.temperature=0.5"]
     e = parse_args(["eval", "rollout.temperature=0.5", "--greedy", "runs/x"])
     assert e.run_dir == "runs/x" and e.overrides == ["rollout.temperature=0.5"]
-    with pytest.raises(SystemExit):
-        parse_args(["train", "--iteratons", "5"])
-    with pytest.raises(SystemExit):
-        parse_args(["train", "stray"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["train", "--iteratons", "5"], ["credo train", "did you mean --iterations?"]),
+        (["train", "stray"], ["unrecognized arguments: stray", "key.sub=value"]),
+        (["train", "--iterations", "abc"], ["invalid int value: 'abc'"]),
+        (["compare"], ["--recipes"]),
+        (["recipes", "optim.lr=1"], ["takes no overrides"]),
+    ],
+)
+def test_usage_errors_are_one_line(
+    argv: list[str], needles: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    _one_error_line(capsys.readouterr().err, *needles, "--help")
 
 
 # ------------------------------------------------------------------ load-time errors

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import inspect
 import json
 import re
@@ -39,6 +40,15 @@ _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*=")
 
 class UsageError(ValueError):
     """A bad command-line input; the message is the one line the user sees."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``error: credo train: ...``) with a
+    pointer to ``--help``, exit status 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        print(f"error: {self.prog}: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 # ----------------------------------------------------------------- shared helpers
@@ -595,7 +605,7 @@ def _sub(sub: Any, name: str, help: str, examples: str, **kw: Any) -> argparse.A
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``credo`` argument parser (overrides are collected by :func:`parse_args`)."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="credo",
         description="credit assignment for multi-turn RL agents",
         epilog="examples:\n  credo train --iterations 20 optim.lr=1e-4\n"
@@ -760,13 +770,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         paths = [t for t in other if not t.startswith("-")]
         other = [t for t in other if t.startswith("-")] + paths[1:]
         args.run_dir = paths[0] if paths else None
+    sub = next(a for a in parser._actions if a.dest == "command").choices[args.command]
     if other:
-        parser.error(
-            f"unrecognized arguments: {' '.join(other)} (overrides look like key.sub=value; "
-            f"`credo {args.command} --help` lists the options)"
+        options = [o for a in sub._actions for o in a.option_strings]
+        hints = []
+        for tok in other:
+            close = difflib.get_close_matches(tok.split("=")[0], options, n=1)
+            if tok.startswith("-") and close:
+                hints.append(f"{tok}: did you mean {close[0]}?")
+        sub.error(
+            f"unrecognized arguments: {' '.join(other)}"
+            + (f" ({'; '.join(hints)})" if hints else "")
+            + "; overrides look like key.sub=value"
         )
     if overrides and args.command in ("envs", "recipes"):
-        parser.error(f"credo {args.command} takes no overrides (got {' '.join(overrides)})")
+        sub.error(f"takes no overrides (got {' '.join(overrides)})")
     args.overrides = overrides
     return args
 
