@@ -1,13 +1,32 @@
 """A custom environment in about thirty lines: guess a secret number.
 
-Train on it with no other change:
+Check it, play it and train on it with no other change:
 
+    credo check-env --env examples.custom_env:GuessEnv
+    credo play --env examples.custom_env:GuessEnv
     credo train --env examples.custom_env:GuessEnv
-    credo train --env guess            # after `import examples.custom_env` registers it
+    credo train --env examples.custom_env:guess                     # its registered name
+    CREDO_ENV_MODULES=examples.custom_env credo train --env guess   # the name alone
 
-The protocol is five methods (reset, step, state_key, snapshot, restore); the optional
-ones used here let credo warm-start the built-in model (oracle_action, sample_action,
-vocabulary) and show the goal on every prompt (instruction).
+(``@register_env("guess")`` registers the name when the module is imported: ``--env
+module:name`` imports it, and so does ``$CREDO_ENV_MODULES``; an installed package
+offers its envs by name through the ``credo.envs`` entry-point group.)
+
+The protocol is five methods (reset, step, state_key, snapshot, restore). What they
+must do:
+
+- ``reset(task, seed)`` builds the episode from ``task.seed`` (``seed`` is always 0) and
+  returns the first observation;
+- ``step(action)`` returns a ``StepResult``: ``info["valid"]`` False for an action it
+  does not understand (never raise), ``done`` True at the turn limit (``max_turns``) or
+  when the task ends, and ``info["success"]`` on that last step;
+- ``step`` receives the model's text detokenised: the built-in tokenizer splits words and
+  the punctuation ``[ ] $ ; : , .`` and joins them with spaces, so ``guess[3]`` arrives
+  as ``guess [ 3 ]``; the parser below splits on the brackets and accepts both.
+
+The optional methods used here let credo warm-start the built-in model (oracle_action,
+sample_action), give its tokenizer every word (vocabulary) and show the goal on every
+prompt (instruction).
 """
 
 import random

@@ -1,28 +1,57 @@
 """The ``credo`` command.
 
 credo train [--recipe grpo] [--env shop] [--model NAME_OR_PATH] [key.sub=value ...]
-credo train --resume RUN_DIR
+credo train --resume RUN_DIR [train.iterations=N]     continue (or extend) a run
 credo sft [--recipe grpo] [key.sub=value ...]       the warm start alone
 credo eval RUN_DIR [--episodes 500] [--greedy]
 credo eval --model NAME_OR_PATH --env shop [--episodes 50] [key.sub=value ...]
-credo eval --model smollm2-135m --env shop           a real pretrained LLM, zero-shot
-credo play [--env shop] [--seed 0]                   play an env yourself
-credo envs | credo recipes
+credo play [--env shop] [--task 0] [key.sub=value ...]   play an env yourself
+credo compare --recipes a,b --seeds 3 [key.sub=value ...]
+credo config [--recipe R] [key.sub=value ...]       the resolved config, every key explained
+credo check-env --env X                              check an env against the protocol
+credo envs | credo recipes | credo --version
+
+``key.sub=value`` overrides may stand anywhere among the options. Every bad input ends
+in one line, ``error: ...``, naming the file, key or value and what is accepted, with
+exit status 2, and a failed start leaves no run folder behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
+import inspect
 import json
+import re
+import shutil
 import sys
+import textwrap
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*=")
 
 
+class UsageError(ValueError):
+    """A bad command-line input; the message is the one line the user sees."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``error: credo train: ...``) with a
+    pointer to ``--help``, exit status 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        print(f"error: {self.prog}: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+# ----------------------------------------------------------------- shared helpers
 def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     if getattr(args, "env", None):
@@ -65,44 +94,166 @@ def _fmt_eval(ev: Any) -> list[str]:
     ]
 
 
+_EVAL_COLUMNS = ["policy", "success", "95% CI", "return", "invalid actions", "turns"]
+
+
+def baseline_label(cfg: Any) -> str:
+    """What the first row of the train table is: the warm start or the untrained policy."""
+    return "warm start (SFT)" if cfg.sft.enabled else "initial policy (no warm start)"
+
+
+def _positive(option: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise UsageError(f"{option} must be a whole number ≥ 1, got {value}")
+
+
+# ----------------------------------------------------------------- run folders
+def check_run_files(run_dir: Path) -> None:
+    """Read every file ``--resume`` will read (the latest checkpoint's JSON and
+    safetensors files, ``warmstart.json``, the reference policy) and fail with the file's
+    name if one is empty, truncated or not what it should be."""
+    from safetensors import safe_open
+
+    from credo.train.checkpoint import latest_checkpoint
+
+    files: list[Path] = []
+    ckpt = latest_checkpoint(run_dir)
+    for folder in [ckpt, run_dir / "reference"]:
+        if folder is not None and folder.is_dir():
+            files += sorted(p for p in folder.rglob("*") if p.suffix in (".json", ".safetensors"))
+    if (run_dir / "warmstart.json").exists():
+        files.append(run_dir / "warmstart.json")
+    for path in files:
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text())
+            else:
+                with safe_open(str(path), framework="pt") as fh:
+                    for key in fh.keys():  # noqa: SIM118 (a safetensors handle)
+                        fh.get_slice(key)
+        except Exception as exc:
+            what = "empty" if path.stat().st_size == 0 else f"unreadable ({_first_line(exc)})"
+            raise UsageError(
+                f"{path} is {what}: --resume needs the run's latest checkpoint intact; delete "
+                f"{path.parent if ckpt and ckpt in path.parents else path} to resume from an "
+                "earlier checkpoint, or start a new run"
+            ) from None
+
+
+def _run_dirs(runs_dir: Path) -> set[Path]:
+    return {p for p in runs_dir.iterdir()} if runs_dir.is_dir() else set()
+
+
+def _remove_failed_starts(runs_dir: Path, before: set[Path], cfg: Any) -> None:
+    """Remove the run folder a failed start created: new since ``before``, holding this
+    run's ``config.yaml`` and neither metrics nor a checkpoint (a concurrent run's folder
+    has another config or its own progress, and is left alone)."""
+    ours = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    for p in _run_dirs(runs_dir) - before:
+        if not p.is_dir() or (p / "metrics.jsonl").exists() or (p / "checkpoints").exists():
+            continue
+        try:
+            same = (p / "config.yaml").read_text() == ours
+        except OSError:
+            same = not any(p.iterdir())
+        if same:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+# ----------------------------------------------------------------- commands
+def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
+    """The config of ``--resume DIR`` (with ``train.iterations`` changed when asked) and
+    whether the run is already finished at that length."""
+    from credo.train.checkpoint import latest_checkpoint
+    from credo.train.config import Config, apply_overrides
+
+    run_dir = Path(args.resume)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.exists():
+        raise UsageError(f"{run_dir} is not a run folder (no config.yaml)")
+    extra = _overrides(args)
+    keys = {o.partition("=")[0] for o in extra}
+    if keys - {"train.iterations"}:
+        raise UsageError(
+            "--resume continues a run as configured; only train.iterations=N (or "
+            f"--iterations N) may change, to extend it (got {', '.join(sorted(keys))})"
+        )
+    try:
+        data = yaml.safe_load(cfg_path.read_text())
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{cfg_path}: not valid YAML ({_first_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{cfg_path}: expected a mapping of config sections")
+    saved = Config.from_dict(data)
+    cfg = Config.from_dict(apply_overrides(data, extra))
+    check_run_files(run_dir)
+    ckpt = latest_checkpoint(run_dir)
+    done = 0
+    if ckpt is not None:
+        done = int(json.loads((ckpt / "state.json").read_text()).get("iteration", 0))
+    if cfg.train.iterations < done:
+        raise UsageError(
+            f"train.iterations={cfg.train.iterations}: {run_dir} has already run {done} "
+            "iterations; a run can be extended, not shortened"
+        )
+    finished = (run_dir / "final_eval.json").exists() and done >= cfg.train.iterations
+    if finished and cfg.train.iterations != saved.train.iterations:
+        finished = False
+    return cfg, run_dir, finished
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from credo.train.config import Config, load_config
+    from credo.train.config import load_config
     from credo.train.loop import train
 
+    console = _console()
     if args.resume:
-        run_dir = Path(args.resume)
-        cfg_path = run_dir / "config.yaml"
-        if not cfg_path.exists():
-            print(f"error: {run_dir} is not a run folder (no config.yaml)", file=sys.stderr)
-            return 2
-        if _overrides(args):
-            print(
-                "error: --resume continues a run exactly as configured; drop the overrides",
-                file=sys.stderr,
+        cfg, run_dir, finished = _resume_config(args)
+        if finished:
+            final = json.loads((run_dir / "final_eval.json").read_text())
+            console.print(
+                f"{run_dir} is finished: {cfg.train.iterations} iterations, held-out success "
+                f"{final.get('success_rate', float('nan')):.1%}. Nothing to resume; extend it "
+                f"with: credo train --resume {run_dir} train.iterations=N "
+                f"(N > {cfg.train.iterations})"
             )
-            return 2
-        cfg = Config.from_dict(yaml.safe_load(cfg_path.read_text()))
+            return 0
+        resume: Path | None = run_dir
     else:
         cfg = load_config(args.recipe, _overrides(args))
-    result = train(cfg, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
-    console = _console()
+        resume = None
+    runs_dir = Path(cfg.train.runs_dir)
+    before = _run_dirs(runs_dir)
+    try:
+        result = train(cfg, resume=resume, quiet=args.quiet)
+    except Exception:
+        if resume is None:
+            _remove_failed_starts(runs_dir, before, cfg)
+        raise
     rows = []
     if result.warm is not None:
-        rows.append(["warm start (SFT)", *_fmt_eval(result.warm)])
+        rows.append([baseline_label(cfg), *_fmt_eval(result.warm)])
     if result.final is not None:
         rows.append([f"trained ({cfg.recipe})", *_fmt_eval(result.final)])
     if rows:
         episodes = (result.final or result.warm).episodes
         console.print(
-            _table(
-                f"held-out success on {episodes} {cfg.env.name} tasks",
-                ["policy", "success", "95% CI", "return", "invalid actions", "turns"],
-                rows,
-            )
+            _table(f"held-out success on {episodes} {cfg.env.name} tasks", _EVAL_COLUMNS, rows)
         )
     if result.warm is not None and result.final is not None:
         delta = result.final.success_rate - result.warm.success_rate
         console.print(f"change in held-out success: {delta:+.1%} (absolute)")
+    for label, ev in ((baseline_label(cfg), result.warm), ("trained", result.final)):
+        if ev is not None and getattr(ev, "errors", 0):
+            console.print(
+                f"[red]{label}: {ev.errors} of {ev.episodes} held-out episodes ended in an env "
+                "exception (counted as failures)[/red]"
+            )
     console.print(
         f"run folder: {result.run_dir}  ({result.iterations} iterations, "
         f"{result.seconds / 60:.1f} min)"
@@ -114,13 +265,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.train.commands import run_sft
     from credo.train.config import load_config
 
+    _positive("--episodes", args.episodes)
     cfg = load_config(args.recipe, _overrides(args))
     res = run_sft(cfg, episodes=args.episodes, quiet=args.quiet)
     console = _console()
     console.print(
         _table(
             f"warm start on {cfg.env.name} (held-out, {res['eval'].episodes} episodes)",
-            ["policy", "success", "95% CI", "return", "invalid actions", "turns"],
+            _EVAL_COLUMNS,
             [["warm start (SFT)", *_fmt_eval(res["eval"])]],
         )
     )
@@ -131,12 +283,24 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from credo.train.commands import evaluate_target
 
-    run_dir, overrides = args.run_dir, list(args.overrides or [])
-    if run_dir is not None and "=" in run_dir and not Path(run_dir).exists():
-        # `credo eval --model M key=value`: argparse gave the first override to RUN_DIR
-        run_dir, overrides = None, [run_dir, *overrides]
+    _positive("--episodes", args.episodes)
+    if args.run_dir is None and args.model is None:
+        raise UsageError("give a run folder (credo eval RUN_DIR) or --model NAME_OR_PATH")
+    if args.run_dir is not None:
+        run_dir = Path(args.run_dir)
+        if not (run_dir / "config.yaml").exists():
+            raise UsageError(f"{run_dir} is not a run folder (no config.yaml)")
+    else:
+        from credo.train.run import model_problem
+
+        problem = model_problem(args.model)
+        if problem:
+            raise UsageError(problem)
+    overrides = list(args.overrides or [])
+    if args.run_dir is None and not any(o.startswith("sft.enabled=") for o in overrides):
+        overrides.append("sft.enabled=false")  # a model is evaluated as is: no warm start
     res = evaluate_target(
-        run_dir=Path(run_dir) if run_dir else None,
+        run_dir=Path(args.run_dir) if args.run_dir else None,
         model=args.model,
         env=args.env,
         episodes=args.episodes,
@@ -148,7 +312,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _table(
             f"held-out evaluation on {res['env']} ({res['eval'].episodes} episodes"
             f"{', greedy' if args.greedy else ''})",
-            ["policy", "success", "95% CI", "return", "invalid actions", "turns"],
+            _EVAL_COLUMNS,
             [[res["label"], *_fmt_eval(res["eval"])]],
         )
     )
@@ -165,9 +329,17 @@ def cmd_play(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, _overrides(args))
     env = env_factory(cfg)()
     task = Task.make(args.split, args.task)
+    try:
+        return _play(env, task, cfg.env.name)
+    except (KeyboardInterrupt, EOFError):
+        print("\nleft the episode")
+        return 0
+
+
+def _play(env: Any, task: Any, name: str) -> int:
     obs = env.reset(task, 0)
     limit = getattr(env, "max_turns", None)
-    print(f"task {task.id} of {cfg.env.name}" + (f" ({limit} turns at most)" if limit else ""))
+    print(f"task {task.id} of {name}" + (f" ({limit} turns at most)" if limit else ""))
     if hasattr(env, "instruction"):
         print(f"instruction: {env.instruction()}")
     if hasattr(env, "action_format"):
@@ -176,12 +348,9 @@ def cmd_play(args: argparse.Namespace) -> int:
     turn = 0
     while True:
         print(f"\n[turn {turn + 1}{f'/{limit}' if limit else ''}] {obs}")
-        try:
-            action = input("> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            print("\nleft the episode")
-            return 0
+        action = input("> ").strip()
         if action == "quit":
+            print(f"left the episode after {turn} turns")
             return 0
         if action == "hint":
             print(env.oracle_action() if hasattr(env, "oracle_action") else "(no oracle)")
@@ -211,6 +380,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from credo.train.compare import compare, summary_table_rows
 
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    if not recipes:
+        raise UsageError("--recipes needs at least one recipe name (credo recipes lists them)")
+    if args.seed_list is None:
+        _positive("--seeds", args.seeds)
     seeds = list(range(args.seeds)) if args.seed_list is None else args.seed_list
     extra = list(args.overrides or [])
     if args.env:
@@ -233,14 +406,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
-    from credo.envs.base import ENVS, env_names
+    from credo.envs.base import ENTRY_POINT_GROUP, ENV_MODULES_VAR, env_sources, resolve_env
 
     rows = []
-    for name in env_names():
-        doc = (ENVS.get(name).__doc__ or "").strip().splitlines()
-        rows.append([name, doc[0] if doc else ""])
-    _console().print(_table("environments", ["name", "description"], rows))
-    print("custom envs: --env module:Class (see examples/custom_env.py)")
+    for name, source in sorted(env_sources().items()):
+        try:
+            doc = (resolve_env(name).__doc__ or "").strip().splitlines()
+        except ValueError as exc:
+            doc = [f"(cannot load: {_first_line(exc)})"]
+        rows.append([name, source, doc[0] if doc else ""])
+    _console().print(_table("environments", ["name", "from", "description"], rows))
+    print(
+        "also: --env module:Class or path/to/file.py:Class; a module's @register_env names "
+        f"with --env module:name or {ENV_MODULES_VAR}=module; packages offer envs in the "
+        f"'{ENTRY_POINT_GROUP}' entry-point group (see examples/custom_env.py)"
+    )
     return 0
 
 
@@ -270,67 +450,267 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="credo", description="credit assignment for multi-turn RL agents"
-    )
-    sub = p.add_subparsers(dest="command", required=True)
+def cmd_check_env(args: argparse.Namespace) -> int:
+    from credo.train.check_env import check_env
+    from credo.train.config import load_config
+    from credo.train.run import check_tokenizer, env_factory
 
-    t = sub.add_parser("train", help="warm-start then train a policy with RL")
-    t.add_argument("--recipe", default="grpo", help="recipe name or path to a .yaml (default grpo)")
-    t.add_argument("--env", help="env name or module:Class (default from the recipe: shop)")
-    t.add_argument(
-        "--model",
-        help="smollm2-135m (offline, `make smollm`), an HF model name or folder "
-        "(default: the built-in tiny model)",
+    _positive("--tasks", args.tasks)
+    cfg = load_config(args.recipe, _overrides(args))
+    make = env_factory(cfg)
+    tokenizer, renderer = check_tokenizer(cfg, make)
+    report = check_env(make, tasks=args.tasks, tokenizer=tokenizer, renderer=renderer)
+    for name in report.passed:
+        print(f"ok      {name}")
+    for line in report.problems:
+        print(f"FAIL    {line}")
+    for line in report.errors:
+        print(f"ERROR   {line}")
+    for line in report.notes:
+        print(f"note    {line}")
+    verdict = "passes" if report.ok else "fails"
+    print(f"{report.env} ({cfg.env.name}) {verdict} the env checks on {args.tasks} tasks")
+    return 0 if report.ok else 1
+
+
+# ----------------------------------------------------------------- credo config
+def attribute_docs(cls: type) -> dict[str, str]:
+    """Each field's text in the ``Attributes:`` section of a dataclass docstring, joined
+    into one line (reST markup removed)."""
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    out: dict[str, str] = {}
+    inside, current = False, None
+    for line in doc.splitlines():
+        if line.strip() == "Attributes:":
+            inside = True
+            continue
+        if not inside:
+            continue
+        m = re.match(r"^    (\w+): ?(.*)$", line)
+        if m:
+            current = m.group(1)
+            out[current] = m.group(2).strip()
+        elif line.startswith("        ") and current:
+            out[current] += " " + line.strip()
+        elif line.strip() and not line.startswith(" "):
+            inside = False
+    return {k: re.sub(r":\w+:`~?([^`]+)`", r"\1", v).replace("``", "`") for k, v in out.items()}
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    if dataclasses.is_dataclass(tp):
+        return tp
+    for arg in typing.get_args(tp):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return None
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def _flow(value: Any) -> str:
+    return (
+        yaml.safe_dump(value, default_flow_style=True, width=10_000)
+        .strip()
+        .removesuffix("\n...")
+        .removesuffix("...")
+        .strip()
     )
+
+
+def describe_config(cfg: Any) -> str:
+    """The config as YAML (a valid recipe: ``credo train --recipe that.yaml``), every key
+    preceded by a comment with its meaning and its default."""
+    from credo.train.config import Config
+
+    lines: list[str] = []
+
+    def emit(cls: type, values: dict[str, Any], indent: str) -> None:
+        docs = attribute_docs(cls)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            value = values.get(f.name)
+            sub = _dataclass_of(hints[f.name])
+            meaning = docs.get(f.name, "")
+            default = _default(f)
+            documented = "default" in meaning.lower() or (sub is not None and default is not None)
+            note = "" if documented else f" [default: {_flow(default)}]"
+            for chunk in textwrap.wrap(meaning + note, width=88 - len(indent) - 2) or []:
+                lines.append(f"{indent}# {chunk}")
+            if sub is not None and isinstance(value, dict):
+                lines.append(f"{indent}{f.name}:")
+                emit(sub, value, indent + "  ")
+            else:
+                lines.append(f"{indent}{f.name}: {_flow(value)}")
+
+    data = cfg.to_dict()
+    lines.append(f"# credo config: recipe {cfg.recipe!r}, resolved (recipe + overrides).")
+    lines.append("# Every key with its meaning and default; this file is itself a recipe:")
+    lines.append("#   credo train --recipe this.yaml")
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        sub = _dataclass_of(hints[f.name])
+        if sub is None:
+            lines.append(f"{f.name}: {_flow(data[f.name])}")
+            continue
+        doc = inspect.cleandoc(sub.__doc__ or "").splitlines()
+        lines.append("")
+        lines.append(f"# {f.name}: {doc[0] if doc else ''}")
+        lines.append(f"{f.name}:")
+        emit(sub, data[f.name], "  ")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from credo.train.config import load_config
+
+    cfg = load_config(args.recipe, _overrides(args))
+    sys.stdout.write(describe_config(cfg))
+    return 0
+
+
+# ----------------------------------------------------------------- the parser
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("credo")
+    except Exception:
+        from credo import __version__
+
+        return __version__
+
+
+def _sub(sub: Any, name: str, help: str, examples: str, **kw: Any) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog="key.sub=value overrides may stand anywhere among the options.\n\nexamples:\n"
+        + textwrap.indent(textwrap.dedent(examples).strip(), "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage=f"credo {name} [options] [key.sub=value ...]"
+        + (" RUN_DIR" if name == "eval" else ""),
+        **kw,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``credo`` argument parser (overrides are collected by :func:`parse_args`)."""
+    p = _Parser(
+        prog="credo",
+        description="credit assignment for multi-turn RL agents",
+        epilog="examples:\n  credo train --iterations 20 optim.lr=1e-4\n"
+        "  credo config --recipe gigpo\n  credo check-env --env mymodule:MyEnv\n"
+        "`credo COMMAND --help` shows each command's options and examples.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"credo {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    recipe_help = "recipe name or path to a .yaml (default grpo; credo recipes lists them)"
+    env_help = "env name or module:Class (default from the recipe: shop; credo envs lists them)"
+    model_help = (
+        "smollm2-135m (offline, `make smollm`), an HF model name or folder "
+        "(default: the built-in tiny model)"
+    )
+
+    t = _sub(
+        sub,
+        "train",
+        "warm-start then train a policy with RL",
+        """
+        credo train --iterations 20
+        credo train --recipe gigpo --env mymodule:MyEnv sft.enabled=false
+        credo train optim.lr=1e-4 --iterations 5 rollout.group_size=4
+        credo train --resume runs/grpo-shop-20260101-120000
+        credo train --resume runs/grpo-shop-20260101-120000 train.iterations=200   (extend)
+        """,
+    )
+    t.add_argument("--recipe", default="grpo", help=recipe_help)
+    t.add_argument("--env", help=env_help)
+    t.add_argument("--model", help=model_help)
     t.add_argument("--iterations", type=int, help="RL iterations (train.iterations)")
-    t.add_argument("--seed", type=int, help="train.seed")
-    t.add_argument("--name", help="run folder name (train.name)")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run exactly")
+    t.add_argument("--seed", type=int, help="everything random derives from it (train.seed)")
+    t.add_argument("--name", help="run folder name under runs/ (train.name)")
+    t.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a stopped run exactly; with train.iterations=N, extend a finished one",
+    )
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     t.set_defaults(func=cmd_train)
 
-    s = sub.add_parser("sft", help="run (or load from cache) the warm start and evaluate it")
-    s.add_argument("--recipe", default="grpo")
-    s.add_argument("--env")
-    s.add_argument("--model")
-    s.add_argument("--seed", type=int)
+    s = _sub(
+        sub,
+        "sft",
+        "run (or load from cache) the warm start and evaluate it",
+        """
+        credo sft
+        credo sft --env mymodule:MyEnv sft.steps=500 --episodes 100
+        """,
+    )
+    s.add_argument("--recipe", default="grpo", help=recipe_help)
+    s.add_argument("--env", help=env_help)
+    s.add_argument("--model", help=model_help)
+    s.add_argument("--seed", type=int, help="train.seed (the demonstrations and the init)")
     s.add_argument("--episodes", type=int, help="held-out episodes (default eval.episodes)")
-    s.add_argument("--quiet", action="store_true")
-    s.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sft)
 
-    e = sub.add_parser("eval", help="held-out success of a run's policy or of a model")
-    e.add_argument("run_dir", nargs="?", help="a run folder (its trained policy)")
-    e.add_argument(
-        "--model", help="evaluate a model instead of a run (e.g. smollm2-135m, zero-shot)"
+    e = _sub(
+        sub,
+        "eval",
+        "held-out success of a run's policy or of a model",
+        """
+        credo eval runs/grpo-shop-20260101-120000 --episodes 200
+        credo eval runs/grpo-shop-20260101-120000 --greedy rollout.temperature=0.7
+        credo eval --model smollm2-135m --env shop --episodes 50
+        """,
     )
+    e.add_argument("run_dir", nargs="?", help="a run folder (its trained policy)")
+    e.add_argument("--model", help="evaluate a model instead of a run (e.g. smollm2-135m)")
     e.add_argument("--env", help="env (default: the run's, else shop)")
-    e.add_argument("--episodes", type=int, default=500)
+    e.add_argument("--episodes", type=int, default=500, help="held-out episodes (default 500)")
     e.add_argument("--greedy", action="store_true", help="temperature 0")
     e.add_argument("--json", action="store_true", help="also print the result as JSON")
-    e.add_argument("overrides", nargs="*", metavar="key.sub=value")
     e.set_defaults(func=cmd_eval)
 
-    pl = sub.add_parser(
+    pl = _sub(
+        sub,
         "play",
-        help="play an environment in the terminal",
-        description="Play an env yourself. Example: credo play --env shop env.kwargs.difficulty=multi",
+        "play an environment in the terminal",
+        """
+        credo play
+        credo play --env shop env.kwargs.difficulty=multi --task 3
+        credo play --env mymodule:MyEnv --split train
+        """,
     )
-    pl.add_argument(
-        "--recipe", default="grpo", help="recipe whose env settings to use (default grpo)"
-    )
-    pl.add_argument("--env", help="env name or module:Class (default from the recipe: shop)")
+    pl.add_argument("--recipe", default="grpo", help="recipe whose env settings to use")
+    pl.add_argument("--env", help=env_help)
     pl.add_argument("--task", type=int, default=0, help="task index (default 0)")
     pl.add_argument(
         "--split", default="test", choices=["train", "test"], help="task split (default test)"
     )
-    pl.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     pl.set_defaults(func=cmd_play)
 
-    c = sub.add_parser("compare", help="train several recipes on the same tasks and budget")
+    c = _sub(
+        sub,
+        "compare",
+        "train several recipes on the same tasks and budget",
+        """
+        credo compare --recipes grpo,gigpo --seeds 3 --iterations 50
+        credo compare --recipes grpo,gigpo,tsbpo --reference grpo eval.episodes=200
+        """,
+    )
     c.add_argument("--recipes", required=True, help="comma-separated recipe names")
     c.add_argument("--seeds", type=int, default=3, help="number of seeds 0..N-1 (default 3)")
     c.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds instead")
@@ -338,22 +718,89 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--iterations", type=int, help="RL iterations of every run")
     c.add_argument("--reference", help="recipe defining the target success (default grpo)")
     c.add_argument("--out", help="comparison folder (default runs/compare-<time>)")
-    c.add_argument("overrides", nargs="*", metavar="key.sub=value")
     c.set_defaults(func=cmd_compare)
 
-    sub.add_parser("envs", help="list environments").set_defaults(func=cmd_envs)
-    sub.add_parser("recipes", help="list recipes").set_defaults(func=cmd_recipes)
+    cf = _sub(
+        sub,
+        "config",
+        "print the resolved config, every key with its meaning and default",
+        """
+        credo config
+        credo config --recipe gigpo optim.lr=1e-4 > my.yaml   (then: credo train --recipe my.yaml)
+        """,
+    )
+    cf.add_argument("--recipe", default="grpo", help=recipe_help)
+    cf.add_argument("--env", help=env_help)
+    cf.add_argument("--model", help=model_help)
+    cf.set_defaults(func=cmd_config)
+
+    ck = _sub(
+        sub,
+        "check-env",
+        "check an env against the protocol (types, determinism, snapshots, tokenizer)",
+        """
+        credo check-env --env mymodule:MyEnv
+        credo check-env --env shop env.kwargs.difficulty=multi --tasks 20
+        """,
+    )
+    ck.add_argument("--env", help=env_help)
+    ck.add_argument("--recipe", default="grpo", help="recipe whose env settings to use")
+    ck.add_argument("--model", help="check the round trip through this model's tokenizer")
+    ck.add_argument("--tasks", type=int, default=8, help="training tasks to play (default 8)")
+    ck.set_defaults(func=cmd_check_env)
+
+    en = _sub(sub, "envs", "list environments", "credo envs")
+    en.set_defaults(func=cmd_envs)
+    rc = _sub(sub, "recipes", "list recipes", "credo recipes")
+    rc.set_defaults(func=cmd_recipes)
     return p
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; ``key.sub=value`` tokens may stand anywhere and end up in
+    ``args.overrides`` (for ``eval``, the one other positional is the run folder)."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    tokens = ([args.run_dir] if getattr(args, "run_dir", None) else []) + rest
+    overrides, other = [], []
+    for tok in tokens:
+        is_override = _OVERRIDE.match(tok) and not Path(tok).exists()
+        (overrides if is_override else other).append(tok)
+    if args.command == "eval":
+        paths = [t for t in other if not t.startswith("-")]
+        other = [t for t in other if t.startswith("-")] + paths[1:]
+        args.run_dir = paths[0] if paths else None
+    sub = next(a for a in parser._actions if a.dest == "command").choices[args.command]
+    if other:
+        options = [o for a in sub._actions for o in a.option_strings]
+        hints = []
+        for tok in other:
+            close = difflib.get_close_matches(tok.split("=")[0], options, n=1)
+            if tok.startswith("-") and close:
+                hints.append(f"{tok}: did you mean {close[0]}?")
+        sub.error(
+            f"unrecognized arguments: {' '.join(other)}"
+            + (f" ({'; '.join(hints)})" if hints else "")
+            + "; overrides look like key.sub=value"
+        )
+    if overrides and args.command in ("envs", "recipes"):
+        sub.error(f"takes no overrides (got {' '.join(overrides)})")
+    args.overrides = overrides
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command; bad input ends in one ``error:`` line and exit status 2."""
+    args = parse_args(argv)
     from credo.train.config import ConfigError
 
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, FileExistsError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except (ConfigError, UsageError, FileExistsError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
 
 

@@ -1,38 +1,50 @@
 """Environments: the protocol, the registry, built-in envs and demonstrations.
 
-Importing this package registers the built-in envs (``shop``, ``tools``).
+Importing this package registers the built-in envs (``shop``, ``tools``). Other envs are found by
+name when a module registers them (``--env module:name``, ``$CREDO_ENV_MODULES``) or an
+installed package declares them in the ``credo.envs`` entry-point group.
 """
 
 from credo.envs import shop as _shop  # noqa: F401  (registers "shop")
 from credo.envs import tools as _tools  # noqa: F401  (registers "tools")
 from credo.envs.base import (
+    ENTRY_POINT_GROUP,
+    ENV_MODULES_VAR,
     ENVS,
     HELDOUT_SEED_OFFSET,
     Env,
     RestoreDivergence,
     StepResult,
     Task,
+    check_env_instance,
     check_replay,
     env_names,
+    env_sources,
     make_env,
     register_env,
     resolve_env,
     restore_env,
     snapshot_env,
+    step_env,
 )
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "ENVS",
+    "ENV_MODULES_VAR",
     "HELDOUT_SEED_OFFSET",
     "Env",
     "RestoreDivergence",
     "StepResult",
     "Task",
+    "check_env_instance",
     "check_replay",
     "env_names",
+    "env_sources",
     "make_env",
     "register_env",
     "resolve_env",
     "restore_env",
     "snapshot_env",
+    "step_env",
 ]

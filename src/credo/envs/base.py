@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -61,15 +62,20 @@ from typing import Any, Protocol, runtime_checkable
 from credo.utils.registry import Registry
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "ENVS",
+    "ENV_MODULES_VAR",
+    "REQUIRED_METHODS",
     "Env",
     "RestoreDivergence",
     "StepResult",
     "Task",
     "Transition",
+    "check_env_instance",
     "check_observation",
     "check_replay",
     "env_names",
+    "env_sources",
     "make_env",
     "privileged_context",
     "register_env",
@@ -314,40 +320,183 @@ def check_replay(
 EnvFactory = Callable[..., Any]
 ENVS: Registry[EnvFactory] = Registry("env")
 
+#: The entry-point group a package declares to offer envs by name, e.g. in its
+#: ``pyproject.toml``: ``[project.entry-points."credo.envs"] maze = "mypkg.maze:MazeEnv"``.
+ENTRY_POINT_GROUP = "credo.envs"
+
+#: Environment variable naming modules to import before looking an env name up
+#: (comma-separated), so that their ``@register_env`` names work on the command line:
+#: ``CREDO_ENV_MODULES=examples.custom_env credo train --env guess``.
+ENV_MODULES_VAR = "CREDO_ENV_MODULES"
+
+#: Methods every env has (``snapshot``/``restore`` may fall back to a deep copy).
+REQUIRED_METHODS = ("reset", "step", "state_key")
+
 
 def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
-    """Decorator: make an env class (or factory) available as ``--env <name>``."""
+    """Decorator: make an env class (or factory) available as ``--env <name>`` once its
+    module is imported (by ``--env module:name``, by ``$CREDO_ENV_MODULES``, or by a
+    package's ``credo.envs`` entry point)."""
     return ENVS.register(name)
 
 
+def _entry_points() -> dict[str, Any]:
+    """The ``credo.envs`` entry points of the installed packages, by name."""
+    from importlib.metadata import entry_points
+
+    try:
+        return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    except Exception:  # a broken distribution's metadata must not stop credo
+        return {}
+
+
+def _import_env_modules() -> None:
+    """Import the modules named in ``$CREDO_ENV_MODULES`` (their envs register)."""
+    for module in filter(None, (m.strip() for m in os.environ.get(ENV_MODULES_VAR, "").split(","))):
+        _add_cwd_to_path()
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(
+                f"${ENV_MODULES_VAR}: cannot import module {module!r}: {exc}"
+            ) from None
+
+
 def env_names() -> list[str]:
+    """Every env name ``--env`` accepts: registered ones (built-ins and imported
+    modules', ``$CREDO_ENV_MODULES`` included) and installed packages' entry points."""
     import credo.envs  # noqa: F401  (registers the built-in envs)
 
-    return ENVS.names()
+    _import_env_modules()
+    return sorted({*ENVS.names(), *_entry_points()})
+
+
+def env_sources() -> dict[str, str]:
+    """Where each env name comes from: ``credo`` (built in), a module, or an installed
+    package's entry point (``package (entry point)``)."""
+    env_names()
+    out = {}
+    for name in ENVS.names():
+        module = getattr(ENVS.get(name), "__module__", "") or ""
+        out[name] = "credo" if module.startswith("credo.") else module
+    for name, ep in _entry_points().items():
+        if name not in out:
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            out[name] = f"{dist or ep.value} (entry point)"
+    return out
+
+
+def _add_cwd_to_path() -> None:
+    if os.getcwd() not in sys.path:  # `--env mymodule:MyEnv` from the project folder
+        sys.path.insert(0, os.getcwd())
+
+
+def _import_module(name: str, module_name: str) -> Any:
+    """Import ``module_name``: a dotted module (the working folder is on the path) or a
+    ``.py`` file path."""
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        path = os.path.abspath(os.path.expanduser(module_name))
+        if not os.path.isfile(path):
+            raise ValueError(f"--env {name!r}: no such file {module_name!r}")
+        mod_name = "credo_env_" + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"--env {name!r}: cannot load {module_name!r} as a Python file")
+        if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", "") == path:
+            return sys.modules[mod_name]
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[mod_name]
+            raise ValueError(
+                f"--env {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        return module
+    _add_cwd_to_path()
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--env {name!r}: cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:
+        raise ValueError(
+            f"--env {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _check_env_class(name: str, factory: Any) -> EnvFactory:
+    """``factory`` is an env class (with the protocol's methods) or another callable;
+    anything else is refused with the methods an env needs."""
+    if isinstance(factory, type):
+        missing = [m for m in REQUIRED_METHODS if not callable(getattr(factory, m, None))]
+        if missing:
+            raise ValueError(
+                f"--env {name!r}: {factory.__module__}.{factory.__qualname__} is not an env: it "
+                f"has no {', '.join(m + '()' for m in missing)} (an env class has reset(task, "
+                "seed), step(action) -> StepResult, state_key(), snapshot(), restore(snap))"
+            )
+        return factory
+    if not callable(factory):
+        raise ValueError(
+            f"--env {name!r} names a {type(factory).__name__}, not an env class or factory"
+        )
+    return factory
+
+
+def check_env_instance(name: str, env: Any) -> Any:
+    """``env`` (made by a factory) has the protocol's methods; a clear error if not."""
+    missing = [m for m in REQUIRED_METHODS if not callable(getattr(env, m, None))]
+    if missing:
+        raise ValueError(
+            f"env {name!r} made a {type(env).__name__}, which is not an env: it has no "
+            f"{', '.join(m + '()' for m in missing)}"
+        )
+    return env
 
 
 def resolve_env(name: str) -> EnvFactory:
-    """Find an env factory by registry name or by ``module:Class`` import path."""
+    """Find an env factory: a registered name, an installed package's ``credo.envs``
+    entry point, or an import path ``module:Class`` (also ``module:registered_name`` and
+    ``path/to/file.py:Class``).
+
+    Raises:
+        ValueError: the name is unknown, the module cannot be imported, or what it names
+            is not an env (the message says what an env needs).
+    """
     import credo.envs  # noqa: F401
 
     if ":" in name:
-        module_name, _, attr = name.partition(":")
-        if os.getcwd() not in sys.path:  # `--env mymodule:MyEnv` from the project folder
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(
-                f"--env {name!r}: cannot import module {module_name!r}: {exc}"
-            ) from exc
+        module_name, _, attr = name.rpartition(":")
+        module = _import_module(name, module_name)
+        if attr in ENVS and not hasattr(module, attr):
+            return ENVS.get(attr)
         if name in ENVS:
             return ENVS.get(name)
         try:
-            return getattr(module, attr)
+            factory = getattr(module, attr)
         except AttributeError:
-            raise ValueError(f"--env {name!r}: module {module_name!r} has no {attr!r}") from None
+            found = sorted(
+                k for k, v in vars(module).items() if isinstance(v, type) and hasattr(v, "step")
+            )
+            hint = f"; env classes there: {', '.join(found)}" if found else ""
+            raise ValueError(
+                f"--env {name!r}: module {module_name!r} has no {attr!r}{hint}"
+            ) from None
+        return _check_env_class(name, factory)
+    _import_env_modules()
     if name in ENVS:
         return ENVS.get(name)
+    eps = _entry_points()
+    if name in eps:
+        try:
+            factory = eps[name].load()
+        except Exception as exc:
+            raise ValueError(
+                f"--env {name!r}: the entry point {eps[name].value!r} failed to load: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        return _check_env_class(name, factory)
     raise ValueError(_unknown_env(name))
 
 
@@ -355,7 +504,9 @@ def _unknown_env(name: str) -> str:
     from credo.utils.registry import unknown_name_message
 
     return (
-        unknown_name_message("env", name, ENVS.names()) + " (or give an import path 'module:Class')"
+        unknown_name_message("env", name, env_names())
+        + " (or an import path 'module:Class'; a module's @register_env names work with "
+        f"--env module:name or ${ENV_MODULES_VAR}=module)"
     )
 
 
@@ -363,6 +514,7 @@ def make_env(name: str, **kwargs: Any) -> Any:
     """Instantiate env ``name`` (registry name or ``module:Class``) with ``kwargs``."""
     factory = resolve_env(name)
     try:
-        return factory(**kwargs)
+        env = factory(**kwargs)
     except TypeError as exc:
         raise ValueError(f"env {name!r} rejected its options {sorted(kwargs)}: {exc}") from exc
+    return check_env_instance(name, env)

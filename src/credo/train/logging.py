@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLog", "plot_curves", "read_metrics"]
+__all__ = ["MetricsLog", "curves_figure", "plot_curves", "read_metrics"]
 
 
 class MetricsLog:
@@ -78,64 +78,128 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(env steps, value) of the records that have ``key``."""
+    pts = [
+        (r["rollout/env_steps_total"], float(r[key]))
+        for r in records
+        if key in r and "rollout/env_steps_total" in r
+    ]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
 def plot_curves(
     runs: dict[str, list[dict[str, Any]]],
     path: Path,
     *,
     title: str = "",
     baselines: dict[str, float] | None = None,
+    final: dict[str, float] | None = None,
 ) -> Path:
-    """Success rate and return vs. env steps, one line per run (or per recipe).
+    """Success, return, invalid-action rate and entropy vs. env steps, one line per run
+    (or per recipe), in four panels side by side, so that an instability (entropy
+    collapsing, invalid actions rising) shows next to the success curve it explains.
+
+    Lines at 0 (or 1) stay visible: the success and invalid-rate axes run slightly past
+    [0, 1] and every line carries markers when it has few points. Each baseline is a
+    labelled dotted line in the legend; each final held-out result is a labelled star at
+    the run's last env step.
 
     Args:
         runs: label → metric records (``rollout/env_steps_total``,
-            ``rollout/success_rate``, ``rollout/return_mean`` and optional
-            ``eval/success_rate``).
+            ``rollout/success_rate``, ``rollout/return_mean``, and when present
+            ``eval/success_rate``, ``rollout/invalid_rate``, ``policy/entropy``).
         path: PNG to write.
         title: figure title.
         baselines: label → held-out success drawn as horizontal lines (e.g. the warm
-            start).
+            start, or the initial policy without one).
+        final: label (a key of ``runs``) → the trained policy's final held-out success,
+            marked at the end of that run's curve.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label, records in runs.items():
-        xs = [r["rollout/env_steps_total"] for r in records if "rollout/success_rate" in r]
-        if not xs:
-            continue
-        window = max(1, len(xs) // 15)
-        sr = _smooth(
-            [r["rollout/success_rate"] for r in records if "rollout/success_rate" in r], window
-        )
-        ret = _smooth(
-            [r["rollout/return_mean"] for r in records if "rollout/success_rate" in r], window
-        )
-        (line,) = axes[0].plot(xs, sr, label=f"{label} (train rollouts)")
-        axes[1].plot(xs, ret, label=label, color=line.get_color())
-        ev = [
-            (r["rollout/env_steps_total"], r["eval/success_rate"])
-            for r in records
-            if "eval/success_rate" in r
-        ]
-        if ev:
-            axes[0].plot(*zip(*ev), "o--", color=line.get_color(), label=f"{label} (held-out)")
-    for label, value in (baselines or {}).items():
-        axes[0].axhline(value, linestyle=":", color="grey")
-        axes[0].annotate(label, (0, value), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    axes[0].set_title("success rate")
-    axes[1].set_title("episode return")
-    for ax in axes:
-        ax.set_xlabel("env steps")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylim(0, 1)
-    axes[0].legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    fig = curves_figure(runs, title=title, baselines=baselines, final=final)
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def curves_figure(
+    runs: dict[str, list[dict[str, Any]]],
+    *,
+    title: str = "",
+    baselines: dict[str, float] | None = None,
+    final: dict[str, float] | None = None,
+) -> Any:
+    """The figure :func:`plot_curves` saves (a matplotlib ``Figure``; same arguments but
+    the path). The caller closes it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("rollout/success_rate", "success rate"),
+        ("rollout/return_mean", "episode return"),
+        ("rollout/invalid_rate", "invalid-action rate"),
+        ("policy/entropy", "policy entropy (per token)"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(18, 4.2))
+    for label, records in runs.items():
+        xs, _ = _series(records, "rollout/success_rate")
+        if not xs:
+            continue
+        window = max(1, len(xs) // 15)
+        marker = "." if len(xs) <= 30 else None
+        color = None
+        for ax, (key, _name) in zip(axes, panels):
+            kx, ky = _series(records, key)
+            if not kx:
+                continue
+            name = f"{label} (train rollouts)" if key == "rollout/success_rate" else label
+            (line,) = ax.plot(
+                kx, _smooth(ky, window), label=name, color=color, marker=marker, clip_on=False
+            )
+            color = line.get_color()
+        ex, ey = _series(records, "eval/success_rate")
+        if ex:
+            axes[0].plot(ex, ey, "o--", color=color, label=f"{label} (held-out)", clip_on=False)
+        if final and label in final:
+            axes[0].plot(
+                [xs[-1]],
+                [final[label]],
+                marker="*",
+                markersize=14,
+                linestyle="none",
+                color=color,
+                markeredgecolor="black",
+                label=f"{label}: final held-out {final[label]:.1%}",
+                clip_on=False,
+                zorder=5,
+            )
+    greys = ["grey", "black", "silver", "dimgrey"]
+    for i, (label, value) in enumerate((baselines or {}).items()):
+        axes[0].axhline(
+            value,
+            linestyle=":",
+            color=greys[i % len(greys)],
+            linewidth=1.5,
+            label=f"{label}: {value:.1%}",
+        )
+    for ax, (key, name) in zip(axes, panels):
+        ax.set_title(name)
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+        if key in ("rollout/success_rate", "rollout/invalid_rate"):
+            ax.set_ylim(-0.03, 1.03)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    axes[0].legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

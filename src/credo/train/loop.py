@@ -24,6 +24,7 @@ import yaml
 from credo.eval.evaluate import EvalResult
 from credo.train.checkpoint import latest_checkpoint
 from credo.train.config import Config
+from credo.train.health import HealthMonitor
 from credo.train.iteration import run_iteration
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
 from credo.train.progress import Progress, StopOnInterrupt
@@ -76,11 +77,13 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     state = TrainState.start(run, run_dir, policy, checkpoint)
     log = MetricsLog(run_dir, resume_from=state.iteration if checkpoint is not None else None)
     total, interrupted = cfg.train.iterations, False
+    health = HealthMonitor(cfg)  # warns when a run learns nothing (credo.train.health)
     try:
         with progress.training(total, state.iteration) as bar, StopOnInterrupt() as stop:
             for it in range(state.iteration, total):
                 record = run_iteration(run, state, it)
                 log.write(record)
+                health.observe(record)
                 bar.update(state.iteration, record)
                 done = state.iteration
                 if done % cfg.train.checkpoint_every == 0 or done == total or stop.requested:
@@ -104,9 +107,17 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     final = None if interrupted else _finish(run, state, run_dir, progress)
     metrics = read_metrics(run_dir / "metrics.jsonl")
     if metrics:
-        baselines = {"warm start (held-out)": warm.success_rate} if warm else {}
+        start = "warm start (SFT)" if cfg.sft.enabled else "initial policy (no warm start)"
+        baselines = {f"{start}, held-out": warm.success_rate} if warm else {}
         title = f"{cfg.recipe} on {cfg.env.name}"
-        plot_curves({cfg.recipe: metrics}, run_dir / "curves.png", title=title, baselines=baselines)
+        ends = {cfg.recipe: final.success_rate} if final else None
+        plot_curves(
+            {cfg.recipe: metrics},
+            run_dir / "curves.png",
+            title=title,
+            baselines=baselines,
+            final=ends,
+        )
     seconds = time.perf_counter() - t_start
     return TrainResult(run_dir, len(metrics), warm, final, interrupted, seconds, metrics)
 

@@ -10,7 +10,8 @@ with the same tasks, sampling and random stream.
 from __future__ import annotations
 
 import dataclasses
-import random
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from credo.policy.base import SamplingParams
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import apply_lora
 from credo.policy.tiny import create_tiny_policy
-from credo.policy.tokenizer import split_words
+from credo.policy.tokenizer import build_word_tokenizer
 from credo.rollout import (
     RolloutResult,
     SamplerContext,
@@ -33,6 +34,7 @@ from credo.rollout import (
     sampler_params,
 )
 from credo.rollout.render import PLAIN_WORDS, Renderer, make_renderer, oracle_examples
+from credo.train.check_env import check_round_trip, collect_words, preflight
 from credo.train.config import Config
 
 __all__ = [
@@ -41,11 +43,16 @@ __all__ = [
     "add_adapters",
     "build_renderer",
     "build_run",
+    "check_tokenizer",
     "env_factory",
     "env_vocabulary",
     "max_new_tokens",
+    "model_problem",
     "sampling_for",
 ]
+
+#: Seconds the hub reachability probe of ``--model HUB_NAME`` waits.
+HUB_PROBE_S = 3.0
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -156,7 +163,11 @@ class Run:
 
 def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     """Build a run's parts from its config (see :class:`Run`), failing before any
-    training compute on an env or model that cannot be made.
+    training compute on an env or model that cannot be made: a model that cannot load
+    (:func:`model_problem`), an env that fails the brief protocol check
+    (:func:`credo.train.check_env.preflight`: types, determinism, snapshots when the
+    sampler branches, ``oracle_action`` when the warm start needs it) or whose oracle
+    actions do not survive the tokenizer round trip.
 
     Args:
         cfg: the run config.
@@ -165,7 +176,15 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     """
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
+    if policy_path is None and (problem := model_problem(cfg.model.name)):
+        raise ValueError(problem)
     make = env_factory(cfg)
+    r = cfg.rollout
+    preflight(
+        make,
+        needs_oracle=cfg.sft.enabled and policy_path is None,
+        snapshots=r.sampler in ("tree", "resample") or r.oracle_horizon > 0,
+    )
     env = make()
     cap = getattr(env, "max_turns", None)
     if cfg.rollout.max_turns is not None:
@@ -179,6 +198,7 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
         else _policy(cfg, env, make)
     )
     renderer = build_renderer(cfg, policy, builtin=builtin, env=env, make=make)
+    check_round_trip(make, [Task.make("train", i) for i in range(2)], policy.tokenizer, renderer)
     return Run(cfg, make, policy, builtin, renderer, sampling_for(cfg, builtin=builtin), max_turns)
 
 
@@ -244,32 +264,19 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
 
 def env_vocabulary(env: Any, make: Callable[[], Any], episodes: int = 200) -> list[str]:
     """Words for the built-in tokenizer: ``env.vocabulary()`` when the env has it, else
-    the words seen in the instructions, observations and oracle/random actions of a few
-    episodes (words never seen become ``<unk>``)."""
+    the words seen in the instructions, observations and actions of ``episodes`` episodes
+    (words never seen become ``<unk>``). The actions are the oracle's and sampled ones
+    when the env offers ``oracle_action``/``sample_action``, else a random walk over the
+    words the env prints (its observations, instruction and ``action_format()``).
+
+    Raises:
+        EnvCheckError: an env with neither ``oracle_action`` nor ``sample_action`` accepts
+            none of the words it prints as an action; the message says which method to
+            add (:func:`credo.train.check_env.collect_words`).
+    """
     if hasattr(env, "vocabulary"):
         return [*env.vocabulary(), *PLAIN_WORDS]
-    words: set[str] = set(PLAIN_WORDS)
-    rng = random.Random(0)
-    e = make()
-    for i in range(episodes):
-        obs = e.reset(Task.make("train", i), 0)
-        words.update(split_words(e.instruction() if hasattr(e, "instruction") else obs))
-        for _ in range(64):
-            words.update(split_words(obs))
-            if hasattr(e, "oracle_action") and (
-                not hasattr(e, "sample_action") or rng.random() < 0.7
-            ):
-                action = e.oracle_action()
-            elif hasattr(e, "sample_action"):
-                action = e.sample_action(rng)
-            else:
-                break
-            words.update(split_words(action))
-            res = e.step(action)
-            obs = res.observation
-            if res.done:
-                break
-    return sorted(words)
+    return sorted({*PLAIN_WORDS, *collect_words(make, episodes)})
 
 
 def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
@@ -321,3 +328,93 @@ def add_adapters(cfg: Config, policy: HFPolicy) -> HFPolicy:
     if cfg.model.lora is None:
         return policy
     return apply_lora(policy, cfg.model.lora, seed=cfg.train.seed)
+
+
+def model_problem(name: str | None) -> str | None:
+    """Why ``--model name`` cannot load, found without loading it (``None`` if it may):
+    an empty or incomplete folder, a missing path, a malformed hub name, or a hub name
+    that is neither in the local Hugging Face cache nor reachable (``HF_HUB_OFFLINE``
+    set, or a :data:`HUB_PROBE_S`-second connection probe failing)."""
+    from credo.policy.models import MODEL_ALIASES
+
+    if name is None or name in MODEL_ALIASES:
+        return None
+    accepted = (
+        "--model takes a Hugging Face model folder (config.json, weights, tokenizer), a hub "
+        f"name like Org/Model, or a credo alias ({', '.join(MODEL_ALIASES)})"
+    )
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            return f"model.name={name!r}: the folder has no config.json. {accepted}"
+        return None
+    if path.exists():
+        return f"model.name={name!r} is a file, not a folder. {accepted}"
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return f"model.name={name!r}: no such folder. {accepted}"
+    if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", name):
+        return f"model.name={name!r} is neither a folder nor a valid hub name. {accepted}"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return None
+    except Exception:  # an unusual cache layout: let the loader decide
+        return None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if offline:
+        return (
+            f"model.name={name!r}: not a folder, not a credo alias and not in the Hugging Face "
+            f"cache, and HF_HUB_OFFLINE is set. {accepted}"
+        )
+    if not _hub_reachable(HUB_PROBE_S):
+        return (
+            f"model.name={name!r}: not a folder, not a credo alias, not in the Hugging Face "
+            f"cache, and huggingface.co is unreachable ({HUB_PROBE_S:g} s probe). {accepted}"
+        )
+    return None
+
+
+def _hub_reachable(timeout: float) -> bool:
+    """A TCP connection to huggingface.co:443 opens within ``timeout`` seconds, name
+    lookup included (run in a daemon thread, so a hanging DNS lookup cannot stall)."""
+    import socket
+    import threading
+
+    ok = threading.Event()
+
+    def probe() -> None:
+        try:
+            socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+            ok.set()
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return ok.is_set()
+
+
+def check_tokenizer(cfg: Config, make: Callable[[], Any]) -> tuple[Any, Renderer]:
+    """The tokenizer and renderer ``credo check-env`` sends actions through: the built-in
+    word tokenizer over the env's vocabulary (:func:`env_vocabulary`), or ``model.name``'s
+    tokenizer with the chat renderer."""
+    env = make()
+    if cfg.model.name is None:
+        tokenizer = build_word_tokenizer(env_vocabulary(env, make))
+        builtin = True
+    else:
+        from transformers import AutoTokenizer
+
+        from credo.policy.models import resolve_model
+
+        if problem := model_problem(cfg.model.name):
+            raise ValueError(problem)
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name))
+        builtin = False
+    renderer = make_renderer(
+        tokenizer, builtin=builtin, history_turns=cfg.rollout.history_turns, env=env
+    )
+    return tokenizer, renderer
