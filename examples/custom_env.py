@@ -7,7 +7,8 @@ Train on it with no other change:
 
 The protocol is five methods (reset, step, state_key, snapshot, restore); the optional
 ones used here let credo warm-start the built-in model (oracle_action, sample_action,
-vocabulary) and show the goal on every prompt (instruction).
+vocabulary), show the goal on every prompt (instruction) and give a teacher text the
+student never sees (privileged_context: on-policy distillation with a privileged teacher).
 """
 
 import random
@@ -67,6 +68,13 @@ class GuessEnv:
 
     def sample_action(self, rng: random.Random) -> str:  # optional: a random plausible move
         return f"guess[{rng.randint(self.lo, self.hi)}]"
+
+    def privileged_context(self, kind: str) -> str | None:  # optional: a teacher's hint
+        if kind == "oracle":
+            return self.oracle_action()
+        if kind == "solution":
+            return f"the secret is {self.secret}"
+        return None
 
     def vocabulary(self) -> list[str]:  # optional: words for the built-in tokenizer
         words = [

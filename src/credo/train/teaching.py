@@ -339,7 +339,7 @@ class Teaching:
         cost.add(base.cost)
         ep = forest.episodes()
         success = ep.success[forest.row_episode()]
-        accepted = verifier_mask(success, forest.valid, on=o.on) & row_mask
+        accepted = verifier_mask(success, forest.valid, on=o.accept) & row_mask
         delta = torch.where(tb.response_mask, lesson.scores.logprobs - base.logprobs, 0.0)
         n_tok = tb.response_mask.sum().clamp(min=1)
         lesson.metrics["teacher/shift"] = float(delta.sum() / n_tok)

@@ -342,7 +342,7 @@ class OPRDConfig:
     Attributes:
         alpha: α, the scale of the teacher's policy shift (default 1.0; > 0, α > 1
             amplifies).
-        on: the rows the verifier accepts, the only ones rewarded: ``success`` (default:
+        accept: the rows the verifier accepts, the only ones rewarded: ``success`` (default:
             rows of successful episodes), ``valid`` (valid actions),
             ``success_and_valid`` or ``all``.
         clip: clamp each token's Δ to ``[−clip, clip]`` before scaling (default ``None``:
@@ -352,7 +352,7 @@ class OPRDConfig:
     """
 
     alpha: float = 1.0
-    on: str = "success"
+    accept: str = "success"
     clip: float | None = None
     reduce: str = "sum"
 

@@ -312,7 +312,7 @@ def _teacher(cfg: Config) -> None:
         lambda: validate_sanitiser(t.sanitiser, t.sanitiser_params),
     )
     _choice("teacher.reward_reduce", t.reward_reduce, ("sum", "mean"))
-    _choice("teacher.oprd.on", t.oprd.on, VERIFIER_MODES)
+    _choice("teacher.oprd.accept", t.oprd.accept, VERIFIER_MODES)
     _choice("teacher.oprd.reduce", t.oprd.reduce, ("sum", "mean"))
     _at_least(1, {"teacher.micro_batch": t.micro_batch})
     _at_least(0, {"teacher.topk": t.topk, "teacher.context_cache": t.context_cache})

@@ -1,0 +1,265 @@
+"""Teachers in ``credo train``: the ``teacher`` section's checks, the four recipes end to
+end (the teacher signal moves the student toward the teacher), exact resume with an EMA
+teacher, and bad teacher input stopping before any compute."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from credo.cli import main as cli_main
+from credo.envs.base import Task
+from credo.objectives import mixed_target
+from credo.policy import create_tiny_policy
+from credo.policy.tiny import TinyModelConfig
+from credo.teachers import TeacherRows, score_with_policy
+from credo.train.config import ConfigError, load_config
+from credo.train.iteration import run_iteration
+from credo.train.loop import train
+from credo.train.progress import Progress
+from credo.train.run import Run, build_run, env_vocabulary
+from credo.train.state import TrainState
+from credo.train.teaching import row_histories
+from credo.train.warmstart import start_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SMALL = [
+    "env.name=examples.custom_env:GuessEnv",
+    "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128}",
+    "sft.episodes=600",
+    "sft.steps=120",
+    "sft.noisy_episodes=200",
+    "sft.noisy_steps=20",
+    "sft.epsilon=0.5",
+    "rollout.tasks_per_iter=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=6",
+    "optim.lr=5e-4",
+    "eval.episodes=16",
+    "train.checkpoint_every=2",
+    "train.threads=1",
+]
+
+#: Per recipe, the overrides of the end-to-end test (besides SMALL): GuessEnv's answer is
+#: its final guess, so MT-SDPO's anchors drop it; the teacher's signal alone for MT-SDPO
+#: (β = 1, no GRPO term) so that the test measures what the teacher does.
+RECIPES = {
+    "opd": [],
+    "oprd": [],
+    "mt_sdpo": [
+        "teacher.sanitiser=drop_final",
+        "teacher.context_cache=0",
+        "objective.params={beta: 1.0, rl_coef: 0.0}",
+    ],
+    "renyi_opsd": [],
+}
+NEEDS_PATH = ("opd", "oprd")
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GRPO run on GuessEnv from another seed's warm start, with a KL to its reference
+    (so it keeps ``reference/``, OPRD's base)."""
+    root = tmp_path_factory.mktemp("teacher")
+    cfg = load_config(
+        "grpo",
+        [
+            *SMALL,
+            "train.iterations=3",
+            "train.seed=1",
+            "objective.kl_coef=0.05",
+            f"train.runs_dir={root}",
+            "train.name=teacher",
+        ],
+    )
+    res = train(cfg, quiet=True)
+    assert (res.run_dir / "final_policy").is_dir() and (res.run_dir / "reference").is_dir()
+    return res.run_dir
+
+
+def _overrides(recipe: str, teacher: Path | None, tmp: Path, name: str) -> list[str]:
+    out = [*SMALL, *RECIPES[recipe], f"train.runs_dir={tmp}", f"train.name={name}"]
+    return out + ([f"teacher.path={teacher}"] if recipe in NEEDS_PATH and teacher else [])
+
+
+# ------------------------------------------------------------------ config checks
+def test_teacher_section_checks() -> None:
+    def err(recipe: str, *extra: str) -> str:
+        with pytest.raises(ConfigError) as e:
+            load_config(recipe, list(extra))
+        msg = str(e.value)
+        assert "\n" not in msg
+        return msg
+
+    assert "needs teacher.path" in err("opd")
+    assert "distils from a teacher" in err("grpo", "objective.loss=opd")
+    assert "teacher.route=loss" in err("opd", "teacher.path=/x", "teacher.route=row_reward")
+    assert "needs a distillation loss" in err("grpo", "teacher.kind=ema")
+    assert "teacher.topk=K" in err("opd", "teacher.path=/x", "teacher.full=false")
+    assert "teacher.privileged in anchor" in err("mt_sdpo", "teacher.privileged=oracle")
+    assert "needs teacher.privileged" in err("renyi_opsd", "teacher.privileged=null")
+    assert "exclude each other" in err("renyi_opsd", "teacher.topk=4")
+    assert "Did you mean 'ema'" in err("grpo", "teacher.kind=emma", "teacher.route=row_reward")
+    assert "does not exist" in err("opd", "teacher.path=/nowhere/at/all")
+    assert "teacher.kind is null" in err("grpo", "teacher.path=/x")
+    assert "teacher.oprd.accept must be one of" in err(
+        "oprd", "teacher.path=/x", "teacher.oprd.accept=maybe"
+    )
+    # the estimators that read only the sampled token need no head
+    cfg = load_config(
+        "renyi_opsd",
+        ["objective.loss=opd", "objective.params={estimator: k1}", "teacher.full=false"],
+    )
+    assert cfg.teacher.rollout_texts() == ("instruction", "oracle")
+    assert load_config("grpo").teacher.rollout_texts() == ()
+
+
+def test_bad_teacher_folders_stop_before_the_run_folder(tmp_path: Path) -> None:
+    """A run still training, another vocabulary size, another tokenizer: one line, no
+    run folder, no compute."""
+    # still training: checkpoints and fresh metrics, no final_policy
+    running = tmp_path / "running"
+    (running / "checkpoints" / "step_2").mkdir(parents=True)
+    (running / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="still training") as e:
+        load_config("opd", [*SMALL, f"teacher.path={running}"])
+    assert "\n" not in str(e.value)
+    # the student's tokenizer: the built-in model on GuessEnv's words
+    cfg = load_config("grpo", SMALL)
+    run = build_run(cfg)
+    words = env_vocabulary(run.make_env(), run.make_env)
+    small = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    create_tiny_policy(words[:-3], small).save(tmp_path / "fewer")
+    other = list(words)
+    other[0] = "zzzunseen"
+    create_tiny_policy(other, small).save(tmp_path / "other")
+    runs = tmp_path / "runs"
+    for folder, expected in (("fewer", "vocabulary size"), ("other", "another tokenizer")):
+        cfg = load_config(
+            "opd", [*SMALL, f"teacher.path={tmp_path / folder}", f"train.runs_dir={runs}"]
+        )
+        with pytest.raises(ValueError, match=expected) as e:
+            train(cfg, quiet=True)
+        assert "\n" not in str(e.value)
+        assert not runs.exists()
+
+
+def test_cli_reports_a_missing_teacher_path_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = cli_main(["train", "--recipe", "opd", f"train.runs_dir={tmp_path}", *SMALL])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "needs teacher.path" in err
+    assert not any(tmp_path.iterdir())
+
+
+# -------------------------------------------------------------------- end to end
+def _fixed_rollouts(run: Run, state: TrainState):  # type: ignore[no-untyped-def]
+    """The warm start's rollouts on fixed tasks: the rows every measurement uses."""
+    tasks = [Task.make("train", 90_000 + i) for i in range(4)]
+    gen = torch.Generator().manual_seed(7)
+    return run.rollouts(state.policy, tasks, generator=gen, choice_seed=0)
+
+
+def _distance(recipe: str, run: Run, state: TrainState, rollout, alpha: float) -> float:  # type: ignore[no-untyped-def]
+    """How far the student is from its teacher on the fixed rows: the exact mean
+    KL(π_θ ‖ target) per response token (target: the teacher in its own context, Rényi:
+    q_α), or for OPRD minus the student's expected teacher shift E_π_θ[Δ]."""
+    teaching = state.teaching
+    assert teaching is not None
+    forest = rollout.forest
+    tb = forest.to_batch(torch.zeros(forest.num_rows), pad_id=state.policy.pad_id)
+    rows = TeacherRows.from_batch(tb)
+    s = score_with_policy(state.policy, rows, full=True).topk_logprobs
+    assert s is not None
+    if recipe == "oprd":
+        assert teaching.base is not None
+        rl = teaching.teacher.score(rows, full=True).topk_logprobs
+        base = teaching.base.score(rows, full=True).topk_logprobs
+        assert rl is not None and base is not None
+        m = tb.response_mask
+        return -float((s[m].exp() * (rl[m] - base[m])).sum(-1).mean())
+    lesson = teaching.lesson(run.renderer, forest, rollout.episodes, state.policy.pad_id)
+    t = lesson.scores.topk_logprobs
+    assert t is not None and t.shape == s.shape
+    if recipe == "renyi_opsd":
+        assert lesson.ref_head is not None
+        t = mixed_target(t, lesson.ref_head, alpha)
+    m = tb.response_mask & lesson.row_mask[:, None]
+    assert bool(m.any())
+    return float((s[m].exp() * (s[m] - t[m])).sum(-1).mean())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_recipe_moves_the_student_toward_its_teacher(
+    recipe: str, teacher_run: Path, tmp_path: Path
+) -> None:
+    cfg = load_config(
+        recipe, [*_overrides(recipe, teacher_run, tmp_path, recipe), "train.iterations=4"]
+    )
+    run = build_run(cfg)
+    run_dir = tmp_path / recipe
+    run_dir.mkdir()
+    policy, warm = start_policy(run, run_dir, resuming=False, progress=Progress(enabled=False))
+    assert warm is not None and 0 < warm.success_rate < 1
+    state = TrainState.start(run, run_dir, policy, None)
+    alpha = float(cfg.objective.params.get("alpha", 0.5))
+    fixed = _fixed_rollouts(run, state)
+    if cfg.teacher.privileged is not None:  # the teacher's prompts re-render the student's
+        forest = fixed.forest
+        hist = row_histories(forest)
+        for i in range(forest.num_rows):
+            want = forest.prompt_ids[i].tolist()
+            got = run.renderer.prompt_ids(
+                forest.texts["instruction"][i], hist[i], forest.observations[i]
+            )
+            assert got == want
+    before = _distance(recipe, run, state, fixed, alpha)
+    records = [run_iteration(run, state, it) for it in range(cfg.train.iterations)]
+    after = _distance(recipe, run, state, fixed, alpha)
+    assert after < before - 0.01, (before, after)
+    for r in records:  # the scoring cost is reported every iteration
+        assert r["teacher/seconds"] > 0 and r["teacher/tokens"] > r["teacher/scored_tokens"] > 0
+        assert 0 < r["teacher/coverage"] <= 1
+    if cfg.teacher.route == "loss":
+        assert all(r["distill/coverage"] > 0 for r in records)
+    else:
+        assert any(r["teacher/reward_mean"] != 0 for r in records)
+
+
+def _stable(records: list[dict]) -> list[dict]:
+    skip = ("time/", "perf/", "teacher/seconds")
+    return [{k: v for k, v in r.items() if not k.startswith(skip)} for r in records]
+
+
+@pytest.mark.slow
+def test_resume_with_an_ema_teacher_is_exact(tmp_path: Path) -> None:
+    """MT-SDPO keeps an EMA teacher and a context cache: a run stopped after 2
+    iterations and resumed matches the run that never stopped."""
+    extra = ["teacher.sanitiser=drop_final"]
+
+    def cfg(name: str, iterations: int):  # type: ignore[no-untyped-def]
+        return load_config(
+            "mt_sdpo",
+            [*SMALL, *extra, f"train.runs_dir={tmp_path}", f"train.name={name}",
+             f"train.iterations={iterations}"],
+        )  # fmt: skip
+
+    full = train(cfg("full", 3), quiet=True)
+    part = train(cfg("part", 2), quiet=True)
+    ckpt = part.run_dir / "checkpoints" / "step_2"
+    assert (ckpt / "teacher_ema" / "model.safetensors").exists()
+    saved = json.loads((ckpt / "state.json").read_text())["teacher_state"]
+    assert saved["ema_updates"] == 2 and saved["context_cache"]["tasks"]
+    resumed = train(cfg("part", 3), resume=part.run_dir, quiet=True)
+    assert _stable(resumed.metrics) == _stable(full.metrics)
+    assert any(r["teacher/cached_contexts"] > 0 for r in full.metrics)
+    assert resumed.final is not None and full.final is not None
+    assert resumed.final.success_rate == full.final.success_rate
