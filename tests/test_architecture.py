@@ -20,6 +20,8 @@ ALLOWED: dict[str, set[str]] = {
     "objectives": {"data", "utils"},
     "rollout": {"data", "envs", "policy", "utils"},
     "teachers": {"data", "policy", "utils"},
+    "serve": {"data", "policy", "rollout", "utils"},
+    "integrations": {"data", "credit", "objectives", "utils"},
     "eval": {"data", "envs", "policy", "rollout", "utils"},
     "train": {
         "data",
@@ -32,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
         "eval",
         "utils",
     },
-    "cli": {"train", "eval", "envs", "utils"},
+    "cli": {"train", "eval", "envs", "serve", "utils"},
 }
 
 

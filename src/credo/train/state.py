@@ -73,9 +73,10 @@ class TrainState:
         lora = cfg.model.lora is not None
         policy = add_adapters(cfg, policy)
         reference: HFPolicy | None = None
-        if _needs_reference(cfg) and lora:
+        needs_reference = _needs_reference(cfg)
+        if needs_reference and lora:
             reference = shared_reference(policy)
-        elif _needs_reference(cfg):
+        elif needs_reference:
             reference = HFPolicy(
                 copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device
             )

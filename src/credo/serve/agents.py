@@ -1,0 +1,300 @@
+"""Training agents written against the OpenAI API: :func:`run_agent_episodes`.
+
+The user's agent is an ordinary async function::
+
+    async def agent(task, client, session_id) -> float | dict:
+        reply = await client.chat.completions.create(model="any", messages=[...])
+        ...
+        return reward            # or {"reward": r, "success": True}
+
+``client`` is an ``openai.AsyncOpenAI`` pointed at the policy server; it already sends
+the episode's session id in the ``X-Credo-Session`` header, so the agent needs no credo
+code (``session_id`` is passed for agents that make their own clients: send it as that
+header or as ``user``). Each task is run ``group_size`` times concurrently (at most
+``max_concurrency`` agents at once), each run bounded by ``timeout_s``; every session
+becomes an :class:`~credo.data.Episode` (:func:`~credo.serve.recorder.session_to_episode`)
+in group ``i`` for task ``i``, and the result is the :class:`~credo.rollout.RolloutResult`
+the built-in samplers return. An agent that raises, times out or returns something that
+is not a reward fails its own episode (``Episode.error`` says why); the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import torch
+
+from credo.data import Episode
+from credo.rollout import RolloutResult, Trajectory, trajectories_to_forest
+from credo.serve.recorder import SessionRecorder, session_to_episode
+from credo.serve.server import PolicyServer
+
+__all__ = ["AgentFn", "load_agent", "parse_agent_result", "run_agent_episodes"]
+
+#: ``agent(task, client, session_id)`` → reward or ``{"reward": float, "success": bool}``.
+AgentFn = Callable[[Any, Any, str], Awaitable[Any]]
+
+
+def parse_agent_result(value: Any) -> tuple[float, bool]:
+    """An agent's return value → ``(reward, success)``.
+
+    Accepted: a finite number (success = reward > 0) or a dict with a finite number
+    ``"reward"`` and an optional bool ``"success"`` (default reward > 0). Raises
+    ``ValueError`` naming what was wrong otherwise.
+    """
+    success: Any = None
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"reward", "success"})
+        if unknown or "reward" not in value:
+            raise ValueError(
+                f"the agent returned a dict with keys {sorted(value)}; accepted: 'reward' "
+                "(required) and 'success'"
+            )
+        success = value.get("success")
+        if success is not None and not isinstance(success, bool):
+            raise ValueError(f"the agent's 'success' must be true or false, got {success!r}")
+        value = value["reward"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(
+            f"the agent returned {value!r}; it must return a finite number (the reward) or "
+            "{'reward': number, 'success': bool}"
+        )
+    return float(value), bool(value > 0) if success is None else success
+
+
+def _task_id(task: Any) -> str:
+    return str(getattr(task, "id", task))
+
+
+async def _run_all(
+    agent_fn: AgentFn,
+    tasks: Sequence[Any],
+    group_size: int,
+    base_url: str,
+    api_key: str,
+    sessions: list[list[str]],
+    timeout_s: float,
+    max_concurrency: int,
+) -> list[list[tuple[float, bool, str | None]]]:
+    import openai
+
+    limit = asyncio.Semaphore(max_concurrency)
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s
+    )
+
+    async def one(task: Any, sid: str) -> tuple[float, bool, str | None]:
+        own = client.with_options(default_headers={"X-Credo-Session": sid})
+        async with limit:
+            try:
+                value = await asyncio.wait_for(agent_fn(task, own, sid), timeout_s)
+                reward, success = parse_agent_result(value)
+                return reward, success, None
+            except asyncio.TimeoutError:
+                return 0.0, False, f"agent: timed out after {timeout_s} s"
+            except Exception as exc:  # the agent's failure is its episode's, not the run's
+                return 0.0, False, f"agent: {type(exc).__name__}: {exc}"
+
+    try:
+        coros = [one(t, sid) for t, row in zip(tasks, sessions) for sid in row]
+        flat = await asyncio.gather(*coros)
+    finally:
+        await client.close()
+    return [flat[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
+
+
+def _run_coroutine(coro: Any, timeout_s: float) -> Any:
+    """Run ``coro`` to completion: here when no event loop is running in this thread,
+    else on a helper thread (bounded by ``timeout_s``)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=target, name="credo-agents", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError(f"the agents did not finish within {timeout_s} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def run_agent_episodes(
+    policy: Any,
+    agent_fn: AgentFn,
+    tasks: Sequence[Any],
+    group_size: int,
+    *,
+    timeout_s: float = 300.0,
+    max_concurrency: int | None = None,
+    server: PolicyServer | tuple[str, SessionRecorder] | None = None,
+    api_key: str | None = None,
+    generator: torch.Generator | None = None,
+    **serve_kwargs: Any,
+) -> RolloutResult:
+    """Run ``agent_fn`` ``group_size`` times per task against the served ``policy``.
+
+    Args:
+        policy: the policy to serve (ignored when ``server`` is given).
+        agent_fn: ``async agent(task, client, session_id)`` (see the module docstring).
+        tasks: the tasks (any objects; ``task.id`` names them when present); task ``i``
+            becomes group ``i``.
+        group_size: G, runs per task.
+        timeout_s: the longest one agent run may take (default 300 s).
+        max_concurrency: most agents running at once (default: all).
+        server: a running :class:`~credo.serve.server.PolicyServer` to reuse (then the
+            call returns only once its engine is idle: requests of timed-out agents may
+            still be generating, and the trainer is about to change the weights), or the
+            ``(base_url, recorder)`` of :func:`serve_policy` (no such wait); default: a
+            server is started for this call and stopped after it.
+        api_key: the server's API key, if it has one.
+        generator: the sampling RNG for this call's requests (a started server's engine
+            uses it from now on; with a ``(base_url, recorder)`` server it is ignored).
+        **serve_kwargs: passed to :class:`~credo.serve.server.PolicyServer` when a server
+            is started here (e.g. ``engine=EngineConfig(temperature=1.0)`` to sample at the
+            trainer's temperature).
+
+    Returns:
+        A :class:`~credo.rollout.RolloutResult`: one chain per session, the episodes in
+        task-major order, ``stats`` with ``rollout/agent_errors``,
+        ``rollout/agent_timeouts``, ``rollout/requests`` and ``rollout/non_append_only``
+        (steps whose prompt does not extend the previous step's prompt + response).
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be ≥ 1, got {group_size}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if server is None:
+        with PolicyServer(policy, api_key=api_key, **serve_kwargs) as running:
+            return run_agent_episodes(
+                policy,
+                agent_fn,
+                tasks,
+                group_size,
+                timeout_s=timeout_s,
+                max_concurrency=max_concurrency,
+                server=running,
+                api_key=api_key,
+                generator=generator,
+            )
+    if isinstance(server, PolicyServer):
+        base_url, recorder, engine = server.base_url, server.recorder, server.engine
+        if generator is not None:
+            engine.generator = generator
+    else:
+        (base_url, recorder), engine = server, None
+    start = time.perf_counter()
+    run = uuid.uuid4().hex[:12]
+    sessions = [[f"credo-{run}-{i}-{g}" for g in range(group_size)] for i in range(len(tasks))]
+    total = len(tasks) * group_size
+    limit = max_concurrency or max(1, total)
+    waves = math.ceil(total / limit) if total else 0
+    outcomes = _run_coroutine(
+        _run_all(
+            agent_fn,
+            tasks,
+            group_size,
+            base_url,
+            api_key or "credo-local",
+            sessions,
+            timeout_s,
+            limit,
+        ),
+        timeout_s * max(1, waves) + 60.0,
+    )
+    if engine is not None and not engine.wait_idle(timeout_s):
+        raise TimeoutError(f"the server still had requests running {timeout_s} s after the agents")
+    episodes: list[Episode] = []
+    requests = 0
+    for i, task in enumerate(tasks):
+        for sid, (reward, success, error) in zip(sessions[i], outcomes[i]):
+            calls = recorder.pop(sid)
+            requests += len(calls)
+            episodes.append(
+                session_to_episode(
+                    calls,
+                    reward=reward,
+                    success=success,
+                    group=i,
+                    task_id=_task_id(task),
+                    error=error,
+                )
+            )
+    trajectories = [Trajectory(e) for e in episodes]
+    forest = trajectories_to_forest(trajectories)[0]
+    errors = [e.error or "" for e in episodes]
+    return RolloutResult(
+        forest=forest,
+        episodes=episodes,
+        env_steps=forest.num_rows,
+        generated_tokens=sum(len(s.response_ids) for e in episodes for s in e.steps),
+        seconds=time.perf_counter() - start,
+        stats={
+            "rollout/agent_errors": float(sum(bool(x) for x in errors)),
+            "rollout/agent_timeouts": float(sum("timed out" in x for x in errors)),
+            "rollout/requests": float(requests),
+            "rollout/non_append_only": float(
+                sum(not s.info.get("append_only", True) for e in episodes for s in e.steps)
+            ),
+        },
+        trajectories=trajectories,
+    )
+
+
+def load_agent(spec: str) -> AgentFn:
+    """The agent function named by ``spec``: ``package.module:function`` or
+    ``path/to/file.py:function`` (what ``credo train --agent`` takes).
+
+    Raises:
+        ValueError: ``spec`` is malformed, the module or file cannot be found, or the
+            name is not an ``async def`` function — one line saying which and what is
+            accepted.
+    """
+    import importlib
+    import importlib.util
+    import inspect
+    from pathlib import Path
+
+    module_name, sep, func_name = spec.rpartition(":")
+    if not sep or not module_name or not func_name.isidentifier():
+        raise ValueError(
+            f"--agent {spec!r}: expected 'package.module:function' or 'path/to/file.py:function'"
+        )
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ValueError(f"--agent {spec!r}: no such file {path}")
+        mod_spec = importlib.util.spec_from_file_location(f"credo_agent_{path.stem}", path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ValueError(f"--agent {spec!r}: cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"--agent {spec!r}: cannot import {module_name!r} ({exc})") from None
+    fn = getattr(module, func_name, None)
+    if fn is None:
+        raise ValueError(f"--agent {spec!r}: {module_name} has no attribute {func_name!r}")
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(
+            f"--agent {spec!r}: {func_name} must be an 'async def' function "
+            "agent(task, client, session_id) returning a reward"
+        )
+    return fn

@@ -1,0 +1,89 @@
+"""``python -m credo.serve MODEL`` (and the body of ``credo serve``): serve a policy folder.
+
+``MODEL`` is anything :func:`credo.policy.models.resolve_model` accepts: a Hugging Face
+model folder (a credo run's saved policy, the built-in model's included), a LoRA adapter
+folder (its base model is loaded from the folder the adapter names), a credo alias such as
+``smollm2-135m``, or a hub name. The API key, needed to bind anything but loopback, is
+read from the ``CREDO_API_KEY`` environment variable (never from the command line, where
+other users of the machine could read it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+__all__ = ["add_serve_arguments", "build_parser", "cmd_serve", "main"]
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``serve`` options, for ``python -m credo.serve`` and ``credo serve``."""
+    p.add_argument("model", help="model folder, LoRA adapter folder, alias or hub name")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--name", default="credo", help="model id listed by /v1/models")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sample every request at this temperature (default: each request's own)",
+    )
+    p.add_argument("--max-batch", type=int, default=64, help="sequences per batch (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load ``args.model`` and serve it until interrupted (Ctrl-C)."""
+    from credo.policy.hf import HFPolicy
+    from credo.policy.models import resolve_model
+    from credo.serve.engine import EngineConfig
+    from credo.serve.server import PolicyServer, check_bind
+
+    api_key = os.environ.get("CREDO_API_KEY") or None
+    try:
+        check_bind(args.host, api_key)
+    except ValueError as exc:
+        print(f"credo serve: {exc}", file=sys.stderr)
+        return 2
+    policy = HFPolicy.from_pretrained(resolve_model(args.model), device=args.device)
+    server = PolicyServer(
+        policy,
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        engine=EngineConfig(max_batch=args.max_batch, temperature=args.temperature),
+        seed=args.seed,
+        model_name=args.name,
+    ).start()
+    print(f"serving {args.model} at {server.base_url} (Ctrl-C stops)", file=sys.stderr)
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)  # `kill PID` stops it as gracefully as Ctrl-C
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stopped = server.stop()
+    print(f"stopped{'' if stopped else ' (threads still running)'}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m credo.serve",
+        description="an OpenAI-compatible chat-completions server for a credo policy",
+    )
+    add_serve_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cmd_serve(build_parser().parse_args(argv))
