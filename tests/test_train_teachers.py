@@ -97,7 +97,6 @@ def test_teacher_section_checks() -> None:
         assert "\n" not in msg
         return msg
 
-    assert "needs teacher.path" in err("opd")
     assert "distils from a teacher" in err("grpo", "objective.loss=opd")
     assert "teacher.route=loss" in err("opd", "teacher.path=/x", "teacher.route=row_reward")
     assert "needs a distillation loss" in err("grpo", "teacher.kind=ema")
@@ -153,9 +152,12 @@ def test_bad_teacher_folders_stop_before_the_run_folder(tmp_path: Path) -> None:
 def test_cli_reports_a_missing_teacher_path_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Recipes leave ``teacher.path`` to the command line (``credo recipes`` loads them);
+    a run without it stops before its folder exists."""
+    assert load_config("opd").teacher.path is None
     rc = cli_main(["train", "--recipe", "opd", f"train.runs_dir={tmp_path}", *SMALL])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.count("\n") == 0 and "needs teacher.path" in err
+    assert rc == 2 and err.count("\n") == 0 and "needs teacher.path" in err, err
     assert not any(tmp_path.iterdir())
 
 
@@ -224,7 +226,11 @@ def test_recipe_moves_the_student_toward_its_teacher(
     before = _distance(recipe, run, state, fixed, alpha)
     records = [run_iteration(run, state, it) for it in range(cfg.train.iterations)]
     after = _distance(recipe, run, state, fixed, alpha)
-    assert after < before - 0.01, (before, after)
+    print(f"{recipe}: distance {before:.4f} -> {after:.4f}")
+    if recipe == "oprd":  # minus the expected shift: any sign
+        assert after < before - 0.01, (before, after)
+    else:  # a KL
+        assert after < 0.8 * before, (before, after)
     for r in records:  # the scoring cost is reported every iteration
         assert r["teacher/seconds"] > 0 and r["teacher/tokens"] > r["teacher/scored_tokens"] > 0
         assert 0 < r["teacher/coverage"] <= 1

@@ -65,7 +65,7 @@ from credo.teachers import (
     sanitise,
 )
 from credo.train.config import Config, TeacherConfig
-from credo.train.config.validate import oprd_base_path
+from credo.train.config.validate import oprd_base_path, require_teacher_path
 
 __all__ = ["Lesson", "Teaching", "check_teacher_inputs", "row_histories", "teacher_prompts"]
 
@@ -84,6 +84,7 @@ def check_teacher_inputs(cfg: Config, student: HFPolicy) -> None:
     t = cfg.teacher
     if not t.enabled:
         return
+    require_teacher_path(t)
     if t.full and int(student.vocab_size) > FULL_MAX_VOCAB:
         raise ValueError(
             f"teacher.full=true stores whole distributions, for vocabularies of at most "
@@ -212,6 +213,7 @@ class Teaching:
         t = cfg.teacher
         if not t.enabled or t.kind is None:
             return None
+        require_teacher_path(t)
         common: dict[str, Any] = {"micro_batch": t.micro_batch, "temperature": t.temperature}
         params = dict(common)
         if t.kind in ("run", "hf"):

@@ -334,8 +334,10 @@ def _teacher(cfg: Config) -> None:
 
 
 def _teacher_folders(cfg: Config) -> None:
-    """A ``run``/``hf`` teacher names an existing, finished model folder (and OPRD its
-    base); ``self``/``ema`` take none."""
+    """A ``run``/``hf`` teacher's folder, when given, exists and holds a finished model
+    (and OPRD's base too); ``self``/``ema`` take none. A recipe may leave ``teacher.path``
+    empty (``opd``, ``oprd``): :func:`require_teacher_path` stops a run without it before
+    any compute."""
     from credo.teachers import resolve_policy_folder
 
     t = cfg.teacher
@@ -355,11 +357,8 @@ def _teacher_folders(cfg: Config) -> None:
                 "teacher.route=oprd needs an RL-trained teacher and its base: teacher.kind=run"
             )
         return
-    if not t.path:
-        raise ConfigError(
-            f"teacher.kind={t.kind} needs teacher.path=FOLDER (a finished credo run, a "
-            "checkpoint RUN/checkpoints/step_N, or a model folder)"
-        )
+    if not t.path:  # a recipe leaves it to the command line; checked before compute
+        return
     for key, path in (("teacher.path", t.path), ("teacher.base_path", oprd_base_path(t))):
         if path is None:
             continue
@@ -369,6 +368,17 @@ def _teacher_folders(cfg: Config) -> None:
             raise ConfigError(f"{key}: {exc}") from None
 
 
+def require_teacher_path(teacher: Any) -> None:
+    """Raise :class:`ConfigError` when a ``run``/``hf`` teacher has no ``teacher.path``
+    (called before a run starts: recipes leave it to the command line)."""
+    if teacher.kind in ("run", "hf") and not teacher.path:
+        raise ConfigError(
+            f"teacher.kind={teacher.kind} needs teacher.path=FOLDER (a finished credo run, a "
+            "checkpoint RUN/checkpoints/step_N, or a model folder), e.g. credo train "
+            "--recipe opd teacher.path=runs/grpo-shop-..."
+        )
+
+
 def oprd_base_path(teacher: Any) -> str | None:
     """The base model folder of an OPRD teacher (``teacher.base_path``, default
     ``<path>/reference``: a run's saved warm start), or ``None`` off the ``oprd`` route.
@@ -376,7 +386,7 @@ def oprd_base_path(teacher: Any) -> str | None:
     Raises:
         ConfigError: the default base does not exist.
     """
-    if teacher.route != "oprd":
+    if teacher.route != "oprd" or not teacher.path:
         return None
     if teacher.base_path:
         return str(teacher.base_path)
