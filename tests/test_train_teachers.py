@@ -46,19 +46,18 @@ SMALL = [
     "train.threads=1",
 ]
 
-#: Per recipe, the overrides of the end-to-end test (besides SMALL): GuessEnv's answer is
-#: its final guess, so MT-SDPO's anchors drop it; the teacher's signal alone for MT-SDPO
-#: (β = 1, no GRPO term) so that the test measures what the teacher does.
-RECIPES = {
-    "opd": [],
-    "oprd": [],
-    "mt_sdpo": [
-        "teacher.sanitiser=drop_final",
-        "teacher.context_cache=0",
-        "objective.params={beta: 1.0, rl_coef: 0.0}",
-    ],
-    "renyi_opsd": [],
-}
+#: End-to-end cases: (recipe, overrides besides SMALL). GuessEnv's answer is its final
+#: guess, so MT-SDPO's anchors drop it; MT-SDPO runs on the teacher's signal alone (β = 1,
+#: no GRPO term) so that the test measures what the teacher does. The two reward routes
+#: of on-policy distillation run with the PPO loss.
+CASES = {
+    "opd": ("opd", []),
+    "opd-row_reward": ("opd", ["objective.loss=ppo", "objective.params={}", "teacher.route=row_reward", "teacher.full=false"]),
+    "opd-token_advantage": ("opd", ["objective.loss=ppo", "objective.params={}", "teacher.route=token_advantage", "teacher.full=false"]),
+    "oprd": ("oprd", []),
+    "mt_sdpo": ("mt_sdpo", ["teacher.sanitiser=drop_final", "teacher.context_cache=0", "objective.params={beta: 1.0, rl_coef: 0.0}"]),
+    "renyi_opsd": ("renyi_opsd", []),
+}  # fmt: skip
 NEEDS_PATH = ("opd", "oprd")
 
 
@@ -83,9 +82,10 @@ def teacher_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return res.run_dir
 
 
-def _overrides(recipe: str, teacher: Path | None, tmp: Path, name: str) -> list[str]:
-    out = [*SMALL, *RECIPES[recipe], f"train.runs_dir={tmp}", f"train.name={name}"]
-    return out + ([f"teacher.path={teacher}"] if recipe in NEEDS_PATH and teacher else [])
+def _overrides(case: str, teacher: Path, tmp: Path) -> list[str]:
+    recipe, extra = CASES[case]
+    out = [*SMALL, *extra, f"train.runs_dir={tmp}", f"train.name={case}"]
+    return out + ([f"teacher.path={teacher}"] if recipe in NEEDS_PATH else [])
 
 
 # ------------------------------------------------------------------ config checks
@@ -169,7 +169,7 @@ def _fixed_rollouts(run: Run, state: TrainState):  # type: ignore[no-untyped-def
     return run.rollouts(state.policy, tasks, generator=gen, choice_seed=0)
 
 
-def _distance(recipe: str, run: Run, state: TrainState, rollout, alpha: float) -> float:  # type: ignore[no-untyped-def]
+def _distance(run: Run, state: TrainState, rollout, alpha: float) -> float:  # type: ignore[no-untyped-def]
     """How far the student is from its teacher on the fixed rows: the exact mean
     KL(π_θ ‖ target) per response token (target: the teacher in its own context, Rényi:
     q_α), or for OPRD minus the student's expected teacher shift E_π_θ[Δ]."""
@@ -180,17 +180,22 @@ def _distance(recipe: str, run: Run, state: TrainState, rollout, alpha: float) -
     rows = TeacherRows.from_batch(tb)
     s = score_with_policy(state.policy, rows, full=True).topk_logprobs
     assert s is not None
-    if recipe == "oprd":
+    if teaching.cfg.route == "oprd":
         assert teaching.base is not None
         rl = teaching.teacher.score(rows, full=True).topk_logprobs
         base = teaching.base.score(rows, full=True).topk_logprobs
         assert rl is not None and base is not None
         m = tb.response_mask
         return -float((s[m].exp() * (rl[m] - base[m])).sum(-1).mean())
+    if teaching.cfg.route != "loss":  # reward routes: the teacher's whole distribution
+        t = teaching.teacher.score(rows, full=True).topk_logprobs
+        assert t is not None
+        m = tb.response_mask
+        return float((s[m].exp() * (s[m] - t[m])).sum(-1).mean())
     lesson = teaching.lesson(run.renderer, forest, rollout.episodes, state.policy.pad_id)
     t = lesson.scores.topk_logprobs
     assert t is not None and t.shape == s.shape
-    if recipe == "renyi_opsd":
+    if teaching.reference is not None:  # Rényi OPSD: the target q_α
         assert lesson.ref_head is not None
         t = mixed_target(t, lesson.ref_head, alpha)
     m = tb.response_mask & lesson.row_mask[:, None]
@@ -199,15 +204,15 @@ def _distance(recipe: str, run: Run, state: TrainState, rollout, alpha: float) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("case", list(CASES))
 def test_recipe_moves_the_student_toward_its_teacher(
-    recipe: str, teacher_run: Path, tmp_path: Path
+    case: str, teacher_run: Path, tmp_path: Path
 ) -> None:
     cfg = load_config(
-        recipe, [*_overrides(recipe, teacher_run, tmp_path, recipe), "train.iterations=4"]
+        CASES[case][0], [*_overrides(case, teacher_run, tmp_path), "train.iterations=4"]
     )
     run = build_run(cfg)
-    run_dir = tmp_path / recipe
+    run_dir = tmp_path / case
     run_dir.mkdir()
     policy, warm = start_policy(run, run_dir, resuming=False, progress=Progress(enabled=False))
     assert warm is not None and 0 < warm.success_rate < 1
@@ -223,11 +228,11 @@ def test_recipe_moves_the_student_toward_its_teacher(
                 forest.texts["instruction"][i], hist[i], forest.observations[i]
             )
             assert got == want
-    before = _distance(recipe, run, state, fixed, alpha)
+    before = _distance(run, state, fixed, alpha)
     records = [run_iteration(run, state, it) for it in range(cfg.train.iterations)]
-    after = _distance(recipe, run, state, fixed, alpha)
-    print(f"{recipe}: distance {before:.4f} -> {after:.4f}")
-    if recipe == "oprd":  # minus the expected shift: any sign
+    after = _distance(run, state, fixed, alpha)
+    print(f"{case}: distance {before:.4f} -> {after:.4f}")
+    if cfg.teacher.route == "oprd":  # minus the expected shift: any sign
         assert after < before - 0.01, (before, after)
     else:  # a KL
         assert after < 0.8 * before, (before, after)
