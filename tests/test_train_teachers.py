@@ -274,3 +274,120 @@ def test_resume_with_an_ema_teacher_is_exact(tmp_path: Path) -> None:
     assert any(r["teacher/cached_contexts"] > 0 for r in full.metrics)
     assert resumed.final is not None and full.final is not None
     assert resumed.final.success_rate == full.final.success_rate
+
+
+# ------------------------------------------------------- routes on a hand-made forest
+def _hand_forest(student):  # type: ignore[no-untyped-def]
+    """Two episodes of group 0 (the first succeeds), two steps each, rendered as the
+    sampler renders them, with the goal and an oracle hint recorded per step."""
+    from credo.data import ForestBuilder, Step
+    from credo.rollout.render import PlainRenderer, Turn
+
+    renderer = PlainRenderer(student.tokenizer)
+    builder = ForestBuilder()
+    gen = torch.Generator().manual_seed(0)
+    for e, (actions, success) in enumerate(
+        ((["guess[4]", "guess[2]"], True), (["guess[5]", "guess[7]"], False))
+    ):
+        parent, history = -1, []
+        for t, action in enumerate(actions):
+            obs = f"the secret is from 1 to {8 - t}"
+            prompt = renderer.prompt_ids("guess the secret number", history, obs)
+            response = renderer.response_ids(action)
+            step = Step(
+                obs, action, reward=float(success and t == 1), terminal=t == 1,
+                prompt_ids=prompt, response_ids=response,
+                logprobs=(-torch.rand(len(response), generator=gen) - 0.1).tolist(),
+                texts={"instruction": "guess the secret number", "oracle": "" if e else "guess[3]"},
+            )  # fmt: skip
+            parent = builder.add(0, parent, step)
+            history.append(Turn(obs, action))
+        builder.mark_success(parent, success)
+    return builder.build(), renderer
+
+
+def _guess_policy(seed: int):  # type: ignore[no-untyped-def]
+    from examples.custom_env import GuessEnv
+
+    from credo.rollout.render import PLAIN_WORDS
+
+    small = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    return create_tiny_policy([*GuessEnv().vocabulary(), *PLAIN_WORDS], small, seed=seed)
+
+
+def test_forest_texts_follow_select_and_concat() -> None:
+    from credo.data import RolloutForest
+
+    forest, _ = _hand_forest(_guess_policy(0))
+    assert forest.texts["oracle"] == ["guess[3]", "guess[3]", "", ""]
+    sub = forest.select(torch.tensor([2, 3]))
+    assert sub.texts["oracle"] == ["", ""]
+    both = RolloutForest.concat([sub, forest])
+    assert both.texts["instruction"] == ["guess the secret number"] * 6
+    assert both.step(2).texts == {"instruction": "guess the secret number", "oracle": "guess[3]"}
+
+
+def test_reward_and_advantage_routes_by_hand() -> None:
+    from credo.teachers import PolicyTeacher
+    from credo.train.config import OPRDConfig, TeacherConfig
+    from credo.train.teaching import Teaching
+
+    student, teacher, base = _guess_policy(0), PolicyTeacher(_guess_policy(1)), _guess_policy(2)
+    forest, renderer = _hand_forest(student)
+    tb = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
+    rows = TeacherRows.from_batch(tb)
+    t_lp = teacher.score(rows).logprobs
+    m = tb.response_mask
+    k1 = torch.where(m, tb.old_logprobs - t_lp, 0.0)  # [B, L]
+    pad = student.pad_id
+
+    cfg = TeacherConfig(kind="run", route="row_reward", reward_coef=0.5)
+    lesson = Teaching(cfg, teacher).lesson(renderer, forest, [], pad)
+    torch.testing.assert_close(lesson.row_reward, -0.5 * k1.sum(1))
+    torch.testing.assert_close(lesson.reward(forest).reward, forest.reward - 0.5 * k1.sum(1))
+    assert lesson.metrics["teacher/sampled_kl"] == pytest.approx(float(k1.sum() / m.sum()))
+    assert lesson.metrics["teacher/tokens"] == float(tb.attention_mask.sum())
+
+    cfg = TeacherConfig(kind="run", route="token_advantage", reward_coef=2.0, reward_clip=0.5)
+    lesson = Teaching(cfg, teacher).lesson(renderer, forest, [], pad)
+    batch = forest.to_batch(torch.tensor([1.0, 1.0, -1.0, -1.0]), pad_id=pad)
+    before = batch.advantages.clone()
+    lesson.attach(batch)
+    want = torch.where(m, (-2.0 * k1).clamp(-0.5, 0.5), 0.0)
+    torch.testing.assert_close(batch.advantages - before, want)
+    assert lesson.reward(forest) is forest and not batch.token_extras
+
+    # OPRD: α·Σ(log π_RL − log π_base) on the rows of the successful episode only
+    cfg = TeacherConfig(kind="run", route="oprd", oprd=OPRDConfig(alpha=2.0, accept="success"))
+    b_lp = PolicyTeacher(base).score(rows).logprobs
+    lesson = Teaching(cfg, teacher, base=PolicyTeacher(base)).lesson(renderer, forest, [], pad)
+    delta = torch.where(m, t_lp - b_lp, 0.0).sum(1)
+    torch.testing.assert_close(lesson.row_reward, 2.0 * delta * torch.tensor([1.0, 1, 0, 0]))
+    assert lesson.metrics["teacher/accepted_frac"] == 0.5
+
+
+def test_loss_route_with_privileged_prompts() -> None:
+    from credo.teachers import PolicyTeacher, privileged_prompt_ids
+    from credo.train.config import TeacherConfig
+    from credo.train.teaching import Teaching, teacher_prompts
+
+    student = _guess_policy(0)
+    forest, renderer = _hand_forest(student)
+    hist = row_histories(forest)
+    assert [len(h) for h in hist] == [0, 1, 0, 1] and hist[1][0].action == "guess[4]"
+    cfg = TeacherConfig(kind="self", privileged="oracle", full=True)
+    prompts = teacher_prompts(renderer, forest, [x or None for x in forest.texts["oracle"]], cfg)
+    assert prompts[2] is None and prompts[3] is None
+    assert prompts[1] == privileged_prompt_ids(
+        renderer, "guess the secret number", hist[1], forest.observations[1], "guess[3]"
+    )
+    lesson = Teaching(cfg, PolicyTeacher(student)).lesson(renderer, forest, [], student.pad_id)
+    assert lesson.row_mask.tolist() == [True, True, False, False]
+    batch = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
+    lesson.attach(batch)
+    ex = batch.token_extras
+    assert ex["teacher_topk_ids"].shape[-1] == student.vocab_size
+    assert ex["teacher_mask"][:, 0].tolist() == [True, True, False, False]
+    # the same rows scored by the student in the teacher's context
+    rows = TeacherRows.from_batch(batch, prompts)
+    torch.testing.assert_close(ex["teacher_logprobs"], PolicyTeacher(student).score(rows).logprobs)

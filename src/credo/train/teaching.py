@@ -37,8 +37,7 @@ from typing import Any
 
 import torch
 
-from credo.data import RolloutForest, TokenBatch
-from credo.data.episode import Episode
+from credo.data import Episode, RolloutForest, TokenBatch
 from credo.objectives import (
     distill_row_reward,
     distill_token_reward,
@@ -196,7 +195,6 @@ class Teaching:
         base: OPRD's base teacher π_T^base, else ``None``.
         reference: the frozen reference policy Rényi OPSD mixes in, else ``None``.
         cache: MT-SDPO's verified contexts per task (``teacher.context_cache`` > 0).
-        rollout_temperature: the student's sampling temperature (its log-probs' scale).
     """
 
     cfg: TeacherConfig
@@ -204,7 +202,6 @@ class Teaching:
     base: Teacher | None = None
     reference: HFPolicy | None = None
     cache: ContextCache | None = None
-    rollout_temperature: float = 1.0
 
     @classmethod
     def build(cls, cfg: Config, policy: HFPolicy, reference: HFPolicy | None) -> Teaching | None:
@@ -232,7 +229,6 @@ class Teaching:
             base,
             reference if needs_ref else None,
             ContextCache(t.context_cache) if t.context_cache > 0 else None,
-            cfg.rollout.temperature,
         )
 
     # ---------------------------------------------------------------- scoring
