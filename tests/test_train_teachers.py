@@ -391,3 +391,34 @@ def test_loss_route_with_privileged_prompts() -> None:
     # the same rows scored by the student in the teacher's context
     rows = TeacherRows.from_batch(batch, prompts)
     torch.testing.assert_close(ex["teacher_logprobs"], PolicyTeacher(student).score(rows).logprobs)
+
+
+def test_update_gathers_the_teacher_head_after_the_sampler_sets() -> None:
+    """The student's log-probs of the teacher's head ride in the same forward pass as
+    KLPO's sampler sets, after them: the distillation loss is the same with or without
+    those sets, and equals the exact KL to the teacher (full distributions)."""
+    from credo.objectives import aggregation_weights
+    from credo.teachers import PolicyTeacher, attach_teacher_scores
+    from credo.train.update import UpdateContext, _micro_loss
+
+    cfg = load_config("renyi_opsd", ["objective.loss=opd", "objective.params={}"])
+    student, teacher = _guess_policy(0), PolicyTeacher(_guess_policy(1))
+    forest, _ = _hand_forest(student)
+    batch = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
+    rows = TeacherRows.from_batch(batch)
+    attach_teacher_scores(batch, teacher.score(rows, full=True))
+    ctx = UpdateContext(student, torch.optim.SGD(student.model.parameters(), lr=0.0), cfg)
+    w = aggregation_weights(batch.loss_mask, "token-mean", episode=batch.episode, turn=batch.turn)
+    loss, metrics = _micro_loss(ctx, batch, w, None, 0)
+    with_aux = batch.index(torch.arange(4))
+    shape = (*batch.input_ids.shape, 3)
+    with_aux.token_extras["aux_ids"] = torch.randint(0, student.vocab_size, shape)
+    with_aux.token_extras["aux_old_logprobs"] = -torch.rand(shape)
+    loss_aux, _ = _micro_loss(ctx, with_aux, w, None, 0)
+    torch.testing.assert_close(loss_aux, loss)
+    s = score_with_policy(student, rows, full=True).topk_logprobs
+    t = teacher.score(rows, full=True).topk_logprobs
+    assert s is not None and t is not None
+    m = batch.response_mask
+    exact = float((s[m].exp() * (s[m] - t[m])).sum(-1).mean())
+    assert float(metrics["distill/reverse_kl"]) == pytest.approx(exact, rel=1e-4, abs=1e-6)
