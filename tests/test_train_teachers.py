@@ -117,6 +117,14 @@ def test_teacher_section_checks() -> None:
     )
     assert cfg.teacher.rollout_texts() == ("instruction", "oracle")
     assert load_config("grpo").teacher.rollout_texts() == ()
+    # a whole distribution is for small vocabularies (checked against the student)
+    from types import SimpleNamespace
+
+    from credo.train.teaching import check_teacher_inputs
+
+    with pytest.raises(ValueError, match=r"set teacher\.full=false teacher\.topk=K"):
+        check_teacher_inputs(load_config("renyi_opsd"), SimpleNamespace(vocab_size=49152))  # type: ignore[arg-type]
+    check_teacher_inputs(load_config("renyi_opsd"), SimpleNamespace(vocab_size=100))  # type: ignore[arg-type]
 
 
 def test_bad_teacher_folders_stop_before_the_run_folder(tmp_path: Path) -> None:

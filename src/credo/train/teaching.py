@@ -87,7 +87,8 @@ def check_teacher_inputs(cfg: Config, student: HFPolicy) -> None:
     if t.full and int(student.vocab_size) > FULL_MAX_VOCAB:
         raise ValueError(
             f"teacher.full=true stores whole distributions, for vocabularies of at most "
-            f"{FULL_MAX_VOCAB} tokens; this model has {student.vocab_size}: set teacher.topk=K"
+            f"{FULL_MAX_VOCAB} tokens; this model has {student.vocab_size}: set teacher.full=false "
+            "teacher.topk=K (e.g. 16)"
         )
     for path in (t.path, oprd_base_path(t)):
         if path:
