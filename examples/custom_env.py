@@ -25,8 +25,9 @@ must do:
   as ``guess [ 3 ]``; the parser below splits on the brackets and accepts both.
 
 The optional methods used here let credo warm-start the built-in model (oracle_action,
-sample_action), give its tokenizer every word (vocabulary) and show the goal on every
-prompt (instruction).
+sample_action), give its tokenizer every word (vocabulary), show the goal on every
+prompt (instruction) and give a teacher text the student never sees
+(privileged_context: on-policy distillation with a privileged teacher).
 """
 
 import random
@@ -86,6 +87,13 @@ class GuessEnv:
 
     def sample_action(self, rng: random.Random) -> str:  # optional: a random plausible move
         return f"guess[{rng.randint(self.lo, self.hi)}]"
+
+    def privileged_context(self, kind: str) -> str | None:  # optional: a teacher's hint
+        if kind == "oracle":
+            return self.oracle_action()
+        if kind == "solution":
+            return f"the secret is {self.secret}"
+        return None
 
     def vocabulary(self) -> list[str]:  # optional: words for the built-in tokenizer
         words = [

@@ -29,6 +29,9 @@ class Step:
         info: anything else the env or sampler reported (JSON-able).
         token_data: per-response-token tensors (first dimension = ``len(response_ids)``),
             e.g. KLPO's auxiliary tokens ``aux_ids [n, M]``; they travel to the token batch.
+        texts: named strings about the state the action was taken in, recorded when a
+            teacher needs them (``instruction``: the goal shown; a privileged kind such
+            as ``oracle``: the env's privileged text); they travel to the forest.
     """
 
     observation: str
@@ -44,6 +47,7 @@ class Step:
     logprobs: list[float] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     token_data: dict[str, Any] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

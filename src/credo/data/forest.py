@@ -25,8 +25,10 @@ success       bool    on a leaf row: its episode succeeded (False on inner rows)
 Beside the columns, per-row token data (``prompt_ids``, ``response_ids``,
 ``old_logprobs``: the sampler's log-probs of the response tokens), the raw observation and
 action texts, and ``extras``: optional named per-row tensors that samplers may add
-(e.g. ``progress``) and estimators may read, and ``token_extras``: optional named per-row
-tensors aligned with the response tokens (e.g. KLPO's auxiliary token ids).
+(e.g. ``progress``) and estimators may read, ``token_extras``: optional named per-row
+tensors aligned with the response tokens (e.g. KLPO's auxiliary token ids), and
+``texts``: optional named per-row strings (the goal shown, a teacher's privileged text;
+recorded only when a teacher asks for them, see ``SamplerContext.texts``).
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class RolloutForest:
     actions: list[str] = field(default_factory=list)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     token_extras: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    texts: dict[str, list[str]] = field(default_factory=dict)
     _episodes: EpisodeIndex | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ basics
@@ -133,6 +136,9 @@ class RolloutForest:
         for name, lst in self.token_extras.items():
             if len(lst) != n:
                 raise ValueError(f"token extra {name!r} has {len(lst)} rows, expected {n}")
+        for name, lst in self.texts.items():
+            if len(lst) != n:
+                raise ValueError(f"text column {name!r} has {len(lst)} rows, expected {n}")
         for name, col in self.extras.items():
             if col.shape[0] != n:
                 raise ValueError(f"extra column {name!r} has {col.shape[0]} rows, expected {n}")
@@ -350,6 +356,7 @@ class RolloutForest:
             actions=pick(self.actions),
             extras={k: v[rows] for k, v in self.extras.items()},
             token_extras={k: pick(v) for k, v in self.token_extras.items()},
+            texts={k: pick(v) for k, v in self.texts.items()},
         )
 
     @classmethod
@@ -375,6 +382,7 @@ class RolloutForest:
 
         extra_names = set.intersection(*(set(f.extras) for f in forests))
         token_names = set.intersection(*(set(f.token_extras) for f in forests))
+        text_names = set.intersection(*(set(f.texts) for f in forests))
         return cls(
             group=cat("group"),
             parent=parent,
@@ -395,6 +403,7 @@ class RolloutForest:
             token_extras={
                 k: [x for f in forests for x in f.token_extras[k]] for k in sorted(token_names)
             },
+            texts={k: [x for f in forests for x in f.texts[k]] for k in sorted(text_names)},
         )
 
     @classmethod
@@ -433,6 +442,7 @@ class RolloutForest:
             response_ids=self.response_ids[i].tolist() if self.response_ids else [],
             logprobs=self.old_logprobs[i].tolist() if self.old_logprobs else [],
             token_data={k: v[i] for k, v in self.token_extras.items()},
+            texts={k: v[i] for k, v in self.texts.items()},
         )
 
     def to_batch(
@@ -514,6 +524,7 @@ class ForestBuilder:
         self._act: list[str] = []
         self._extras: dict[str, list[float]] = {}
         self._token: dict[str, list[torch.Tensor]] = {}
+        self._texts: dict[str, list[str]] = {}
 
     def __len__(self) -> int:
         return len(self._cols["group"])
@@ -548,6 +559,11 @@ class ForestBuilder:
         for lst in self._token.values():
             if len(lst) < n + 1:
                 lst.append(torch.zeros(0))
+        for k, text in step.texts.items():
+            self._texts.setdefault(k, [""] * n).append(str(text))
+        for texts in self._texts.values():
+            if len(texts) < n + 1:
+                texts.append("")
         for k, v in extras.items():
             self._extras.setdefault(k, [0] * n).append(v)
         for lst in self._extras.values():
@@ -584,6 +600,7 @@ class ForestBuilder:
                 for k, v in self._extras.items()
             },
             token_extras=dict(self._token),
+            texts=dict(self._texts),
         )
 
 

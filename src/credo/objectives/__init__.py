@@ -49,6 +49,8 @@ from credo.objectives.registry import (
     get_loss,
     loss_names,
     loss_requirements,
+    loss_teacher_requirements,
+    needs_teacher,
     register_loss,
     validate_loss,
 )
@@ -86,7 +88,9 @@ __all__ = [
     "log_ratio",
     "loss_names",
     "loss_requirements",
+    "loss_teacher_requirements",
     "mixed_target",
+    "needs_teacher",
     "oprd_delta",
     "oprd_row_reward",
     "oprd_token_reward",

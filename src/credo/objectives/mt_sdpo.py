@@ -28,7 +28,7 @@ import torch
 
 from credo.objectives.inputs import LossInputs
 from credo.objectives.opd import opd
-from credo.objectives.registry import needs_teacher_scores, register_loss
+from credo.objectives.registry import needs_teacher, register_loss
 
 __all__ = ["ANCHOR_SOURCES", "ContextChoice", "mt_sdpo", "select_contexts"]
 
@@ -36,7 +36,7 @@ __all__ = ["ANCHOR_SOURCES", "ContextChoice", "mt_sdpo", "select_contexts"]
 ANCHOR_SOURCES = ("none", "self", "external")
 
 
-@register_loss("mt_sdpo", requires=needs_teacher_scores)
+@register_loss("mt_sdpo", teacher=needs_teacher("mt_sdpo", privileged=("anchor",)))
 def mt_sdpo(
     inputs: LossInputs,
     *,

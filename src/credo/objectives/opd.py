@@ -57,7 +57,7 @@ from credo.objectives.inputs import LossInputs
 from credo.objectives.metrics import masked_weights, policy_metrics
 from credo.objectives.ppo import ppo_clip
 from credo.objectives.ratios import token_log_ratio
-from credo.objectives.registry import needs_teacher_scores, register_loss
+from credo.objectives.registry import needs_teacher, register_loss
 
 __all__ = [
     "DISTILL_ESTIMATORS",
@@ -230,7 +230,9 @@ def distill_terms(
     return sur, k, m
 
 
-@register_loss("opd", requires=needs_teacher_scores)
+@register_loss(
+    "opd", teacher=needs_teacher("opd", head=lambda p: p.get("estimator", "topk") == "topk")
+)
 def opd(
     inputs: LossInputs,
     *,

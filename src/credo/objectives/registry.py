@@ -13,6 +13,11 @@ the run's rollout settings, the message that says what is missing and how to set
 
 Every registered loss first checks that its inputs are finite on unmasked tokens
 (:func:`~credo.objectives.inputs.check_finite_inputs`).
+
+A loss that reads a teacher's scores (the distillation losses) declares
+``teacher=needs_teacher(...)``: ``check(params, teacher) -> str | None`` given the run's
+``teacher`` settings (kind, route, top-K head, privileged context). Losses without it
+take no teacher scores, so a ``teacher.route: loss`` beside them is refused.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ __all__ = [
     "get_loss",
     "loss_names",
     "loss_requirements",
-    "needs_teacher_scores",
+    "loss_teacher_requirements",
+    "needs_teacher",
     "register_loss",
     "validate_loss",
 ]
@@ -48,18 +54,52 @@ def _nothing_required(params: Mapping[str, Any], rollout: Any) -> None:
     return None
 
 
-def needs_teacher_scores(params: Mapping[str, Any], rollout: Any) -> str:
-    """The requirement of the distillation losses (``opd``, ``mt_sdpo``, ``renyi_opsd``)
-    until the trainer scores rollouts with a teacher: refuse them at config load."""
-    return (
-        "the distillation losses (opd, mt_sdpo, renyi_opsd) need a teacher's scores in "
-        "inputs.extras, which `credo train` does not compute yet; call them directly "
-        "(credo.objectives, with credo.teachers for the scores)"
-    )
+def needs_teacher(
+    name: str,
+    *,
+    head: Callable[[Mapping[str, Any]], bool] | bool = True,
+    privileged: tuple[str, ...] = (),
+) -> Requirement:
+    """What a distillation loss needs from the run's ``teacher`` settings.
+
+    Args:
+        name: the loss's config name (for the messages).
+        head: whether it needs the teacher's top-K head or full distribution (``teacher.
+            topk`` > 0 or ``teacher.full``), or a function of the loss's params saying so.
+        privileged: the ``teacher.privileged`` values it accepts (default: any).
+
+    Returns:
+        ``check(params, teacher) -> message | None``.
+    """
+
+    def check(params: Mapping[str, Any], teacher: Any) -> str | None:
+        if teacher is None or getattr(teacher, "kind", None) is None:
+            return (
+                f"objective.loss={name} distils from a teacher: set teacher.kind (run, hf, "
+                f"self, ema) and its settings, or start from recipe {name}"
+            )
+        if teacher.route != "loss":
+            return (
+                f"objective.loss={name} reads the teacher's scores in the loss: set "
+                f"teacher.route=loss (got {teacher.route!r})"
+            )
+        if (head(params) if callable(head) else head) and not (teacher.topk > 0 or teacher.full):
+            return (
+                f"objective.loss={name} needs the teacher's distribution: set teacher.topk=K "
+                "(its top-K head) or teacher.full=true (vocabularies up to 4096 tokens)"
+            )
+        if privileged and teacher.privileged not in privileged:
+            return (
+                f"objective.loss={name} needs teacher.privileged in {', '.join(privileged)}, "
+                f"got {teacher.privileged!r}"
+            )
+        return None
+
+    return check
 
 
 def register_loss(
-    name: str, *, requires: Requirement | None = None
+    name: str, *, requires: Requirement | None = None, teacher: Requirement | None = None
 ) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator: make ``fn`` available as ``objective.loss: <name>`` in configs.
 
@@ -73,6 +113,8 @@ def register_loss(
         name: the config name.
         requires: what the loss needs from the run's settings (see the module
             docstring); ``None``: nothing.
+        teacher: what it needs from the run's teacher settings (:func:`needs_teacher`);
+            ``None``: the loss reads no teacher scores.
     """
 
     def deco(fn: PolicyLoss) -> PolicyLoss:
@@ -81,7 +123,9 @@ def register_loss(
             check_finite_inputs(inputs, name)
             return fn(inputs, *args, **kwargs)
 
-        return LOSSES.register(name, requires=requires or _nothing_required)(checked)
+        return LOSSES.register(name, requires=requires or _nothing_required, teacher=teacher)(
+            checked
+        )
 
     return deco
 
@@ -89,6 +133,12 @@ def register_loss(
 def loss_requirements(name: str) -> Requirement:
     """The ``requires`` check loss ``name`` registered (a no-op if none)."""
     return LOSSES.meta(name)["requires"]
+
+
+def loss_teacher_requirements(name: str) -> Requirement | None:
+    """The ``teacher`` check loss ``name`` registered, or ``None`` when it reads no
+    teacher scores."""
+    return LOSSES.meta(name).get("teacher")
 
 
 def get_loss(name: str) -> PolicyLoss:

@@ -40,7 +40,7 @@ from credo.objectives.metrics import masked_weights, policy_metrics
 from credo.objectives.opd import check_same_support, distill_mask
 from credo.objectives.ppo import ppo_clip
 from credo.objectives.ratios import token_log_ratio
-from credo.objectives.registry import needs_teacher_scores, register_loss
+from credo.objectives.registry import needs_teacher, register_loss
 
 __all__ = ["mixed_target", "renyi_divergence", "renyi_opsd"]
 
@@ -100,7 +100,7 @@ def renyi_divergence(
     return torch.logsumexp(terms, dim=-1) / (rho - 1.0)
 
 
-@register_loss("renyi_opsd", requires=needs_teacher_scores)
+@register_loss("renyi_opsd", teacher=needs_teacher("renyi_opsd"))
 def renyi_opsd(
     inputs: LossInputs,
     *,

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from credo.data import Episode, ForestBuilder, RolloutForest, Step
-from credo.envs.base import Task, reset_env, snapshot_env, step_env
+from credo.envs.base import Task, privileged_context, reset_env, snapshot_env, step_env
 from credo.rollout.render import Turn
 from credo.rollout.sampler import SamplerContext, register_sampler
 
@@ -224,6 +224,7 @@ def take_step(
     logprobs: list[float],
     token_data: dict[str, Any] | None = None,
     invalid_penalty: float = 0.0,
+    texts: dict[str, str] | None = None,
 ) -> bool:
     """Step ``r``'s env with ``action`` and record the step; False if the env raised.
 
@@ -257,6 +258,7 @@ def take_step(
         logprobs=logprobs,
         info=info,
         token_data=token_data or {},
+        texts=texts or {},
     )
     r.episode.steps.append(step)
     r.history.append(Turn(r.observation, action))
@@ -266,6 +268,16 @@ def take_step(
         r.done = True
         r.episode.success = bool(result.info.get("success", False))
     return True
+
+
+def state_texts(r: EpisodeRunner, names: Sequence[str]) -> dict[str, str]:
+    """The texts a teacher asked for (``SamplerContext.texts``) about ``r``'s current
+    state, before its action is taken: ``instruction`` is the goal shown in the prompt,
+    any other name a privileged kind asked from the env (``""`` when it offers none)."""
+    return {
+        n: r.instruction if n == "instruction" else (privileged_context(r.env, n) or "")
+        for n in names
+    }
 
 
 def run_episodes(runners: list[EpisodeRunner], ctx: SamplerContext) -> tuple[int, int]:
@@ -317,6 +329,7 @@ def run_episodes(runners: list[EpisodeRunner], ctx: SamplerContext) -> tuple[int
                 logprobs=logprobs,
                 token_data=token_data,
                 invalid_penalty=ctx.invalid_penalty,
+                texts=state_texts(r, ctx.texts) if ctx.texts else None,
             ):
                 env_steps += 1
     return env_steps, gen_tokens

@@ -75,6 +75,10 @@ class SamplerContext:
         env_seed: seed passed to ``env.reset``.
         keep_snapshots: keep an env snapshot before every step in the result's
             trajectories, so that add-ons (oracle continuations) can branch from any step.
+        texts: names of the per-step texts to record in ``Step.texts`` (and the forest's
+            ``texts``) for a teacher (default none): ``instruction`` (the goal shown), or
+            a privileged kind asked from the env before the action (``oracle``,
+            ``feedback``, ``solution``; :func:`credo.envs.base.privileged_context`).
     """
 
     policy: Policy
@@ -88,6 +92,7 @@ class SamplerContext:
     on_divergence: str = "error"
     env_seed: int = 0
     keep_snapshots: bool = False
+    texts: tuple[str, ...] = ()
 
 
 def register_sampler(

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,11 @@ def save_checkpoint(
     state: dict[str, Any],
     *,
     keep: int = 2,
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write ``checkpoints/step_<iteration>`` atomically; keep the ``keep`` newest."""
+    """Write ``checkpoints/step_<iteration>`` atomically; keep the ``keep`` newest.
+    ``write_extra(folder)`` writes more files (e.g. an EMA teacher's weights) into the
+    checkpoint folder before it is renamed into place."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{iteration}"
@@ -89,6 +93,8 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     policy.save(tmp / "policy")
+    if write_extra is not None:
+        write_extra(tmp)
     if optimizer is not None:
         tensors, meta = _optimizer_to_files(optimizer)
         save_file(tensors, str(tmp / "optimizer.safetensors"))

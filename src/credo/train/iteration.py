@@ -1,6 +1,10 @@
 """One training iteration, top to bottom:
 
-    tasks ─► sampler ─► RolloutForest ─► credit ─► objective ─► optimizer step ─► metrics
+    tasks ─► sampler ─► RolloutForest ─► [teacher] ─► credit ─► objective ─► optimizer step ─► metrics
+
+With a ``teacher`` section, the teacher scores the policy rows once after the rollouts
+(:mod:`credo.train.teaching`): reward routes change the rewards before credit, token
+routes the token batch, and an EMA teacher follows the student after the update.
 
 Everything random in iteration ``it`` derives from ``(train.seed, it)`` through separate
 streams (task draw, policy sampling, mini-batch shuffles, the sampler's own choices), so
@@ -58,6 +62,12 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
         )
         forest = forest.with_rewards(forest.reward - penalty)
     t1 = time.perf_counter()
+    lesson = (
+        state.teaching.lesson(run.renderer, forest, rollout.episodes, state.policy.pad_id)
+        if state.teaching
+        else None
+    )
+    forest = lesson.reward(forest) if lesson else forest  # teacher reward routes
     # 3. credit
     adv = compute_advantages(cfg.credit.estimator, forest, cfg.credit.params, state.estimator_state)
     # 4. objective → optimizer step
@@ -65,18 +75,17 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
         oracle_batch(rollout.forest, pad_id=state.policy.pad_id) if oracle_rows.numel() else None
     )
     shuffle = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it, _SHUFFLE))
-    update_metrics = policy_update(
-        update,
-        forest.to_batch(adv, pad_id=state.policy.pad_id),
-        iteration=it,
-        generator=shuffle,
-        oracle=oracle,
-    )
+    batch = forest.to_batch(adv, pad_id=state.policy.pad_id)
+    if lesson:  # teacher token routes: advantages, or scores for the loss
+        lesson.attach(batch)
+    update_metrics = policy_update(update, batch, iteration=it, generator=shuffle, oracle=oracle)
+    if state.teaching:
+        state.teaching.after_update(state.policy)
     t2 = time.perf_counter()
     # 5. metrics (and the periodic held-out evaluation)
     state.iteration, state.env_steps_total = it + 1, state.env_steps_total + rollout.env_steps
     record = iteration_metrics(it, rollout, forest, adv, state.env_steps_total, (t0, t1, t2))
-    record.update(update_metrics)
+    record.update(update_metrics | (lesson.metrics if lesson else {}))
     if cfg.eval.every and state.iteration % cfg.eval.every == 0:
         ev = run.evaluate(state.policy, episodes=cfg.eval.periodic_episodes)
         record["eval/success_rate"] = ev.success_rate

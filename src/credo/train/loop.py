@@ -30,6 +30,7 @@ from credo.train.logging import MetricsLog, plot_curves, read_metrics
 from credo.train.progress import Progress, StopOnInterrupt
 from credo.train.run import Run, build_run
 from credo.train.state import TrainState
+from credo.train.teaching import check_teacher_inputs
 from credo.train.warmstart import start_policy
 from credo.utils.atomic import write_text_atomic
 
@@ -69,6 +70,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     """
     t_start = time.perf_counter()
     run = build_run(cfg)
+    check_teacher_inputs(cfg, run.policy)  # a bad teacher stops before the run folder exists
     run_dir = Path(resume) if resume else _new_run_dir(cfg)
     write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     progress = Progress(enabled=not quiet)

@@ -108,6 +108,7 @@ class Run:
             invalid_penalty=r.invalid_penalty,
             on_divergence=r.on_restore_divergence,
             keep_snapshots=r.oracle_horizon > 0,
+            texts=self.cfg.teacher.rollout_texts(),
         )
 
     def rollouts(

@@ -1,9 +1,11 @@
 """The training state: everything an iteration changes, started, saved and resumed as one.
 
 :class:`TrainState` holds the policy being trained, its optimizer, the frozen reference
-(when a KL term or SERO's reference weights need one), the estimator's state (ProAS's
-progress graph), the sampler's state (the tree sampler's allocator), the iterations done
-and the env steps taken. :meth:`TrainState.start` builds it for a fresh run or restores
+(when a KL term, SERO's reference weights or Rényi OPSD need one), the estimator's state
+(ProAS's progress graph), the sampler's state (the tree sampler's allocator), the
+teachers (:class:`~credo.train.teaching.Teaching`: an EMA teacher's weights and the
+context cache are checkpointed), the iterations done and the env steps taken.
+:meth:`TrainState.start` builds it for a fresh run or restores
 it from a run's latest checkpoint; :meth:`TrainState.save` writes a checkpoint.
 """
 
@@ -26,6 +28,7 @@ from credo.rollout.group import episodes_to_forest
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
+from credo.train.teaching import Teaching
 
 __all__ = ["TrainState", "seed_estimator_state"]
 
@@ -40,6 +43,7 @@ class TrainState:
         reference: the frozen reference policy, or ``None`` when nothing needs one.
         estimator_state: a stateful estimator's state, or ``None``.
         sampler_state: a stateful sampler's state, or ``None``.
+        teaching: the run's teachers (``teacher`` section), or ``None``.
         iteration: iterations completed.
         env_steps_total: env steps taken by all iterations so far.
     """
@@ -49,6 +53,7 @@ class TrainState:
     reference: HFPolicy | None
     estimator_state: Any
     sampler_state: Any
+    teaching: Teaching | None = None
     iteration: int = 0
     env_steps_total: int = 0
 
@@ -91,13 +96,16 @@ class TrainState:
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
         )
-        state = cls(policy, optimizer, reference, est_state, smp_state)
+        teaching = Teaching.build(cfg, policy, reference)
+        state = cls(policy, optimizer, reference, est_state, smp_state, teaching)
         if checkpoint is not None:
             saved = load_checkpoint(checkpoint, optimizer)
             state.iteration, state.env_steps_total = saved["iteration"], saved["env_steps_total"]
             for obj, key in ((est_state, "estimator_state"), (smp_state, "sampler_state")):
                 if obj is not None and saved.get(key) is not None:
                     obj.load_state_dict(saved[key])
+            if teaching is not None:
+                teaching.load(checkpoint, saved.get("teacher_state"))
             return state
         if reference is not None and not lora:
             reference.save(run_dir / "reference")
@@ -116,8 +124,10 @@ class TrainState:
                 "env_steps_total": self.env_steps_total,
                 "estimator_state": _state_dict(self.estimator_state),
                 "sampler_state": _state_dict(self.sampler_state),
+                **({"teacher_state": self.teaching.state_dict()} if self.teaching else {}),
             },
             keep=keep,
+            write_extra=self.teaching.write if self.teaching else None,
         )
 
 
@@ -131,6 +141,7 @@ def _needs_reference(cfg: Any) -> bool:
         obj.kl_coef > 0
         or obj.kl_reward_coef > 0
         or (cfg.rollout.oracle_horizon > 0 and obj.oracle_frozen == "reference")
+        or (cfg.teacher.enabled and obj.loss == "renyi_opsd")  # Rényi OPSD's z_ref
     )
 
 

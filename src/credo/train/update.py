@@ -40,6 +40,7 @@ from credo.objectives.klpo import sampler_extras, sampler_token_ids
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
 from credo.rollout import OracleBatch
+from credo.teachers import teacher_extra_ids, teacher_loss_extras
 from credo.train.config import Config
 
 __all__ = ["UpdateContext", "kl_reward_penalty_rows", "policy_update", "score_batch"]
@@ -388,17 +389,33 @@ def _micro_loss(
     term to the reference and the entropy bonus when configured."""
     cfg = ctx.cfg
     obj = cfg.objective
+    sampler_ids = sampler_token_ids(sub.token_extras)  # KLPO's draws and top-K head
+    head_ids = teacher_extra_ids(sub.token_extras)  # a teacher's head (distillation)
+    sets = [x for x in (sampler_ids, head_ids) if x is not None]
     sc = ctx.policy.score(
         sub.input_ids,
         sub.attention_mask,
         temperature=cfg.rollout.temperature,
         entropy=True,
         entropy_grad=obj.entropy_coef > 0,
-        extra_ids=sampler_token_ids(sub.token_extras),  # KLPO's draws and top-K head
+        extra_ids=torch.cat(sets, -1) if len(sets) > 1 else (sets[0] if sets else None),
         scored=sub.response_mask,
     )
     dev = sc.logprobs.device
     mask = sub.loss_mask.to(dev)
+    n_sampler = 0 if sampler_ids is None else sampler_ids.shape[-1]
+    extra_lp = sc.extra_logprobs
+    extras = sampler_extras(
+        None if extra_lp is None or sampler_ids is None else extra_lp[..., :n_sampler],
+        sub.token_extras,
+    )
+    extras.update(
+        teacher_loss_extras(
+            sub.token_extras,
+            None if extra_lp is None or head_ids is None else extra_lp[..., n_sampler:],
+            device=dev,
+        )
+    )
     inputs = LossInputs(
         logprobs=sc.logprobs,
         old_logprobs=(sc.logprobs.detach() if _single_step(ctx) else sub.old_logprobs.to(dev)),
@@ -410,7 +427,7 @@ def _micro_loss(
         ref_logprobs=ref_lp,
         entropy=sc.entropy,
         step=iteration,
-        extras=sampler_extras(sc.extra_logprobs, sub.token_extras),
+        extras=extras,
     )
     loss, metrics = get_loss(obj.loss)(inputs, **obj.params)
     if ref_lp is not None and obj.kl_coef > 0:

@@ -27,10 +27,12 @@ __all__ = [
     "EnvConfig",
     "EvalConfig",
     "ModelConfig",
+    "OPRDConfig",
     "ObjectiveConfig",
     "OptimConfig",
     "RolloutConfig",
     "SFTConfig",
+    "TeacherConfig",
     "TrainConfig",
 ]
 
@@ -333,6 +335,124 @@ class TrainConfig:
 
 
 @dataclass
+class OPRDConfig:
+    """OPRD's dense reward ``α·Δ_t``, ``Δ_t = log π_T^RL(y_t) − log π_T^base(y_t)``
+    (``teacher.route: oprd``; :mod:`credo.objectives.oprd`, docs/algorithms.md#oprd).
+
+    Attributes:
+        alpha: α, the scale of the teacher's policy shift (default 1.0; > 0, α > 1
+            amplifies).
+        accept: the rows the verifier accepts, the only ones rewarded: ``success`` (default:
+            rows of successful episodes), ``valid`` (valid actions),
+            ``success_and_valid`` or ``all``.
+        clip: clamp each token's Δ to ``[−clip, clip]`` before scaling (default ``None``:
+            no clamp).
+        reduce: how a row's token rewards become its step reward: ``sum`` (default) or
+            ``mean``.
+    """
+
+    alpha: float = 1.0
+    accept: str = "success"
+    clip: float | None = None
+    reduce: str = "sum"
+
+
+@dataclass
+class TeacherConfig:
+    """A teacher that scores the student's own rollouts (on-policy distillation, OPRD,
+    MT-SDPO, Rényi OPSD; :mod:`credo.teachers`, :mod:`credo.train.teaching`).
+
+    Every iteration the teacher scores the tokens the student sampled, in its own context,
+    once, after the rollouts; the scores then reach the update by one **route**.
+
+    Attributes:
+        kind: ``None`` (default: no teacher), ``run`` (a finished credo run folder, a
+            checkpoint folder ``RUN/checkpoints/step_N`` or a model folder), ``hf`` (a
+            Hugging Face model folder), ``self`` (the student itself, reading privileged
+            context) or ``ema`` (an EMA copy of the student). A teacher must share the
+            student's tokenizer and vocabulary (checked before any compute).
+        path: the folder of a ``run`` or ``hf`` teacher (default ``None``).
+        base_path: the base model of an OPRD teacher (``route: oprd``): default ``None``
+            = ``<path>/reference`` (the teacher run's saved warm start, kept by runs with
+            a KL to their reference).
+        topk: K, the teacher's K most likely tokens stored per response token (and the
+            student's log-probs of the same ids gathered in its forward pass): the top-K
+            head plus a tail bucket of the distillation KL (default 0: none).
+        full: store the teacher's whole distribution instead (``K = V``; vocabularies of
+            at most 4096 tokens such as the built-in model's; default false). On the
+            built-in model prefer it: a top-K head barely moves a flat teacher's tail.
+        micro_batch: rows per teacher forward pass (default 16).
+        temperature: the teacher's logits are divided by it (default 1.0: its own
+            distribution).
+        ema_decay: ``d`` of an ``ema`` teacher, ``θ_EMA ← d·θ_EMA + (1−d)·θ`` after each
+            optimiser step (default 0.99).
+        privileged: text the teacher reads and the student never sees, put into its
+            prompt: ``None`` (default: the student's own prompt), ``oracle`` /
+            ``feedback`` / ``solution`` (asked from the env at each step, see
+            ``privileged_context`` in :mod:`credo.envs.base`; the env's rows without
+            such text keep the student's prompt and get no teacher signal) or ``anchor``
+            (MT-SDPO's verified context: another successful episode of the same group,
+            else a cached one of the same task, through ``sanitiser``).
+        placement: the prompt field that gets the privileged text: ``instruction``
+            (default) or ``observation``.
+        template: how the field and the text combine (default ``"{text} ; {privileged}"``).
+        sanitiser: what an ``anchor`` keeps of a verified episode's actions: ``none``
+            (default: all), ``drop_final`` (all but the final answer) or ``shop`` (the
+            searches only); see :mod:`credo.teachers.sanitise`.
+        sanitiser_params: the sanitiser's knobs (e.g. ``{n: 2}`` for ``drop_final``).
+        context_cache: ``anchor``: verified contexts kept per task across iterations for
+            groups without a success this iteration (default 0: none; checkpointed).
+        route: how the scores reach the update: ``loss`` (default: a distillation loss,
+            ``objective.loss`` ``opd``, ``mt_sdpo`` or ``renyi_opsd``, reads them),
+            ``row_reward`` (the dense reward ``−coef·(log π_θ − log π_T)`` summed per step
+            is added to the env reward before credit assignment), ``token_advantage``
+            (the same reward per token added to the advantages after credit assignment)
+            or ``oprd`` (OPRD's ``α·Δ`` per step before credit assignment; ``oprd``).
+        reward_coef: the scale of the ``row_reward`` / ``token_advantage`` reward
+            (default 1.0; > 0).
+        reward_clip: clamp each token's reward to ``[−clip, clip]`` (default ``None``).
+        reward_reduce: ``row_reward``: ``sum`` (default) or ``mean`` over the step's
+            tokens.
+        oprd: OPRD's knobs (:class:`OPRDConfig`).
+    """
+
+    kind: str | None = None
+    path: str | None = None
+    base_path: str | None = None
+    topk: int = 0
+    full: bool = False
+    micro_batch: int = 16
+    temperature: float = 1.0
+    ema_decay: float = 0.99
+    privileged: str | None = None
+    placement: str = "instruction"
+    template: str = "{text} ; {privileged}"
+    sanitiser: str = "none"
+    sanitiser_params: dict[str, Any] = field(default_factory=dict)
+    context_cache: int = 0
+    route: str = "loss"
+    reward_coef: float = 1.0
+    reward_clip: float | None = None
+    reward_reduce: str = "sum"
+    oprd: OPRDConfig = field(default_factory=OPRDConfig)
+
+    @property
+    def enabled(self) -> bool:
+        """A teacher is configured (``kind`` is set)."""
+        return self.kind is not None
+
+    def rollout_texts(self) -> tuple[str, ...]:
+        """The per-step texts the sampler must record for this teacher
+        (``SamplerContext.texts``): none without privileged context, the goal for an
+        ``anchor``, the goal and the env's privileged text of that kind otherwise."""
+        if not self.enabled or self.privileged is None:
+            return ()
+        if self.privileged == "anchor":
+            return ("instruction",)
+        return ("instruction", self.privileged)
+
+
+@dataclass
 class Config:
     """A whole run. ``recipe`` records which recipe it came from."""
 
@@ -347,6 +467,7 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -262,6 +262,144 @@ def _eval_and_train(cfg: Config) -> None:
     )
 
 
+TEACHER_ROUTES = ("loss", "row_reward", "token_advantage", "oprd")
+PRIVILEGED_KINDS = ("oracle", "feedback", "solution", "anchor")
+
+
+def _teacher(cfg: Config) -> None:
+    """The ``teacher`` section: its names and ranges, that the loss and the route fit,
+    and that a teacher folder exists and holds a finished model (the vocabulary and
+    tokenizer are checked against the student by :func:`credo.train.teaching.
+    check_teacher_inputs` once the student exists, still before any compute)."""
+    from credo.objectives import LOSSES, loss_teacher_requirements
+    from credo.objectives.oprd import VERIFIER_MODES
+    from credo.teachers import PLACEMENTS, SANITISERS, TEACHERS
+    from credo.teachers.sanitise import validate_sanitiser
+
+    t, loss = cfg.teacher, cfg.objective.loss
+    check = loss_teacher_requirements(loss) if loss in LOSSES else None
+    if check is not None:
+        missing = check(cfg.objective.params, t)
+        if missing:
+            raise ConfigError(missing)
+    if not t.enabled:
+        if t.path is not None or t.base_path is not None:
+            raise ConfigError(
+                "teacher.path is set but teacher.kind is null: set teacher.kind=run (a credo "
+                "run or checkpoint) or hf (a Hugging Face model folder)"
+            )
+        return
+    if t.kind not in TEACHERS:
+        raise ConfigError(unknown_name_message("teacher", t.kind, TEACHERS.names()))
+    _choice("teacher.route", t.route, TEACHER_ROUTES)
+    if t.route == "loss" and check is None:
+        raise ConfigError(
+            f"teacher.route=loss needs a distillation loss (objective.loss opd, mt_sdpo or "
+            f"renyi_opsd), got objective.loss={loss}; or set teacher.route=row_reward, "
+            "token_advantage or oprd"
+        )
+    if t.privileged is not None:
+        _choice("teacher.privileged", t.privileged, PRIVILEGED_KINDS)
+    _choice("teacher.placement", t.placement, PLACEMENTS)
+    if "{text}" not in t.template or "{privileged}" not in t.template:
+        raise ConfigError(
+            f"teacher.template must contain both {{text}} and {{privileged}}, got {t.template!r}"
+        )
+    _registered(
+        SANITISERS,
+        t.sanitiser,
+        "teacher.sanitiser_params",
+        lambda: validate_sanitiser(t.sanitiser, t.sanitiser_params),
+    )
+    _choice("teacher.reward_reduce", t.reward_reduce, ("sum", "mean"))
+    _choice("teacher.oprd.accept", t.oprd.accept, VERIFIER_MODES)
+    _choice("teacher.oprd.reduce", t.oprd.reduce, ("sum", "mean"))
+    _at_least(1, {"teacher.micro_batch": t.micro_batch})
+    _at_least(0, {"teacher.topk": t.topk, "teacher.context_cache": t.context_cache})
+    _in_range("teacher.ema_decay", t.ema_decay, 0, 1)
+    for key, value in (
+        ("teacher.temperature", t.temperature),
+        ("teacher.reward_coef", t.reward_coef),
+        ("teacher.oprd.alpha", t.oprd.alpha),
+        ("teacher.reward_clip", t.reward_clip),
+        ("teacher.oprd.clip", t.oprd.clip),
+    ):
+        if value is not None and not value > 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+    if t.topk > 0 and t.full:
+        raise ConfigError("teacher.topk and teacher.full exclude each other: set one")
+    if t.context_cache > 0 and t.privileged != "anchor":
+        raise ConfigError("teacher.context_cache keeps anchors: it needs teacher.privileged=anchor")
+    _teacher_folders(cfg)
+
+
+def _teacher_folders(cfg: Config) -> None:
+    """A ``run``/``hf`` teacher's folder, when given, exists and holds a finished model
+    (and OPRD's base too); ``self``/``ema`` take none. A recipe may leave ``teacher.path``
+    empty (``opd``, ``oprd``): :func:`require_teacher_path` stops a run without it before
+    any compute."""
+    from credo.teachers import resolve_policy_folder
+
+    t = cfg.teacher
+    if t.kind in ("self", "ema"):
+        if t.path is not None or t.base_path is not None:
+            raise ConfigError(
+                f"teacher.kind={t.kind} is the student itself: drop teacher.path/base_path"
+            )
+        if t.kind == "self" and t.privileged is None:
+            raise ConfigError(
+                "teacher.kind=self scores with the student's own weights: it needs "
+                "teacher.privileged (oracle, feedback, solution or anchor), the context the "
+                "student does not see"
+            )
+        if t.route == "oprd":
+            raise ConfigError(
+                "teacher.route=oprd needs an RL-trained teacher and its base: teacher.kind=run"
+            )
+        return
+    if not t.path:  # a recipe leaves it to the command line; checked before compute
+        return
+    for key, path in (("teacher.path", t.path), ("teacher.base_path", oprd_base_path(t))):
+        if path is None:
+            continue
+        try:
+            resolve_policy_folder(path)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+
+
+def require_teacher_path(teacher: Any) -> None:
+    """Raise :class:`ConfigError` when a ``run``/``hf`` teacher has no ``teacher.path``
+    (called before a run starts: recipes leave it to the command line)."""
+    if teacher.kind in ("run", "hf") and not teacher.path:
+        raise ConfigError(
+            f"teacher.kind={teacher.kind} needs teacher.path=FOLDER (a finished credo run, a "
+            "checkpoint RUN/checkpoints/step_N, or a model folder), e.g. credo train "
+            "--recipe opd teacher.path=runs/grpo-shop-..."
+        )
+
+
+def oprd_base_path(teacher: Any) -> str | None:
+    """The base model folder of an OPRD teacher (``teacher.base_path``, default
+    ``<path>/reference``: a run's saved warm start), or ``None`` off the ``oprd`` route.
+
+    Raises:
+        ConfigError: the default base does not exist.
+    """
+    if teacher.route != "oprd" or not teacher.path:
+        return None
+    if teacher.base_path:
+        return str(teacher.base_path)
+    ref = Path(str(teacher.path)).expanduser() / "reference"
+    if not ref.is_dir():
+        raise ConfigError(
+            f"teacher.route=oprd needs the teacher's base model: {str(ref)!r} does not exist "
+            "(a run keeps its warm start there when it has a KL to its reference); set "
+            "teacher.base_path=FOLDER"
+        )
+    return str(ref)
+
+
 #: The section checks :func:`validate` runs, in order.
 SECTION_CHECKS: tuple[Callable[[Config], None], ...] = (
     _env,
@@ -272,4 +410,5 @@ SECTION_CHECKS: tuple[Callable[[Config], None], ...] = (
     _optim,
     _sft,
     _eval_and_train,
+    _teacher,
 )

@@ -1,0 +1,447 @@
+"""The teacher step of an iteration: score the student's rollouts once, then route.
+
+On-policy distillation (``opd``), OPRD, MT-SDPO and Rényi OPSD all learn from a teacher
+that scores the tokens the student sampled (docs/algorithms.md#on-policy-distillation).
+:class:`Teaching` holds the run's teachers, built once from the ``teacher`` section when
+the training state starts (:meth:`Teaching.build`); each iteration
+:meth:`Teaching.lesson` scores the iteration's policy rows **once**, right after the
+rollouts, in the teacher's own context (with privileged text when
+``teacher.privileged`` asks for it), and returns a :class:`Lesson` that the iteration
+applies by one route:
+
+- ``row_reward`` / ``oprd`` (:meth:`Lesson.reward`, before credit assignment): the dense
+  reward ``−coef·(log π_θ(y_t) − log π_T(y_t))`` (or OPRD's ``α·Δ_t`` on accepted rows),
+  reduced per step, is added to the forest's rewards;
+- ``token_advantage`` (:meth:`Lesson.attach`, after credit assignment): the same dense
+  reward per token is added to the token batch's advantages;
+- ``loss`` (:meth:`Lesson.attach`): the scores ride in ``TokenBatch.token_extras``
+  (:func:`credo.teachers.attach_teacher_scores`) to the distillation loss, and the update
+  gathers the student's log-probs of the teacher's head in its own forward pass
+  (:mod:`credo.train.update`). Rényi OPSD adds the frozen reference's log-probs of the
+  same head ids, in the student's context (``ref_topk_logprobs``).
+
+After each update an ``ema`` teacher follows the student (:meth:`Teaching.after_update`);
+its weights and the MT-SDPO context cache are checkpointed with the run
+(:meth:`Teaching.write`, :meth:`Teaching.state_dict`, :meth:`Teaching.load`). Bad teacher input (a missing or
+unfinished run, another tokenizer or vocabulary size) stops before any compute:
+:func:`check_teacher_inputs`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from credo.data import Episode, RolloutForest, TokenBatch
+from credo.objectives import (
+    distill_row_reward,
+    distill_token_reward,
+    oprd_row_reward,
+    select_contexts,
+    verifier_mask,
+)
+from credo.policy.hf import HFPolicy
+from credo.rollout.render import Renderer, Turn
+from credo.teachers import (
+    FULL_MAX_VOCAB,
+    ContextCache,
+    EMATeacher,
+    Teacher,
+    TeacherCost,
+    TeacherRows,
+    TeacherScores,
+    anchor_texts,
+    attach_teacher_scores,
+    check_teacher_folder,
+    make_teacher,
+    privileged_prompts,
+    resolve_policy_folder,
+    sanitise,
+)
+from credo.train.config import Config, TeacherConfig
+from credo.train.config.validate import oprd_base_path, require_teacher_path
+
+__all__ = ["Lesson", "Teaching", "check_teacher_inputs", "row_histories", "teacher_prompts"]
+
+#: The checkpoint sub-folder of an EMA teacher's weights.
+EMA_FOLDER = "teacher_ema"
+
+
+def check_teacher_inputs(cfg: Config, student: HFPolicy) -> None:
+    """Check the configured teacher folders against the student before any compute:
+    they exist and hold a finished model (no run still training) with the student's
+    vocabulary size and tokenizer, and a full distribution fits the vocabulary.
+
+    Raises:
+        ValueError: one line naming the folder and what is wrong.
+    """
+    t = cfg.teacher
+    if not t.enabled:
+        return
+    require_teacher_path(t)
+    if t.full and int(student.vocab_size) > FULL_MAX_VOCAB:
+        raise ValueError(
+            f"teacher.full=true stores whole distributions, for vocabularies of at most "
+            f"{FULL_MAX_VOCAB} tokens; this model has {student.vocab_size}: set teacher.full=false "
+            "teacher.topk=K (e.g. 16)"
+        )
+    for path in (t.path, oprd_base_path(t)):
+        if path:
+            check_teacher_folder(resolve_policy_folder(path), student)
+
+
+def row_histories(forest: RolloutForest) -> list[list[Turn]]:
+    """Per row, the past turns its prompt showed: its ancestors' observations and
+    actions, root first (as the sampler's ``EpisodeRunner.history``)."""
+    out: list[list[Turn]] = []
+    for i in range(forest.num_rows):
+        p = int(forest.parent[i])
+        out.append([*out[p], Turn(forest.observations[p], forest.actions[p])] if p >= 0 else [])
+    return out
+
+
+def teacher_prompts(
+    renderer: Renderer, forest: RolloutForest, texts: Sequence[str | None], t: TeacherConfig
+) -> list[list[int] | None]:
+    """Per row, the teacher's prompt: the student's state re-rendered with ``texts[i]``
+    (``None`` where a row has no text: it keeps the student's prompt).
+
+    Args:
+        renderer: the student's renderer.
+        forest: the rows, with ``texts["instruction"]`` recorded by the sampler.
+        texts: ``[N]`` the privileged text of each row.
+        t: the teacher settings (``placement``, ``template``).
+    """
+    if "instruction" not in forest.texts:
+        raise ValueError(
+            "teacher prompts need the goal of every step: the sampler records it when "
+            "SamplerContext.texts holds 'instruction' (teacher.privileged sets it)"
+        )
+    states = [
+        (instr, hist, obs)
+        for instr, hist, obs in zip(
+            forest.texts["instruction"], row_histories(forest), forest.observations
+        )
+    ]
+    return privileged_prompts(
+        renderer, states, list(texts), placement=t.placement, template=t.template
+    )
+
+
+@dataclass
+class Lesson:
+    """One iteration's teacher scores of the policy rows, and how they reach the update.
+
+    Rows are the forest's rows in order (``forest.to_batch`` row order); ``B`` rows ×
+    ``L`` positions.
+
+    Attributes:
+        route: ``teacher.route``.
+        scores: the teacher's scores ``[B, L]`` (and ``[B, L, K]`` head).
+        row_mask: ``[B]`` bool, rows with a teacher signal.
+        row_reward: ``[B]`` the per-step reward to add before credit (``row_reward``,
+            ``oprd``), else ``None``.
+        token_reward: ``[B, L]`` the per-token reward to add to the advantages
+            (``token_advantage``), else ``None``.
+        ref_head: ``[B, L, K]`` the reference's log-probs of the teacher's head ids
+            (Rényi OPSD), else ``None``.
+        metrics: ``teacher/*`` metrics of the iteration (docs/metrics.md).
+    """
+
+    route: str
+    scores: TeacherScores
+    row_mask: torch.Tensor
+    row_reward: torch.Tensor | None = None
+    token_reward: torch.Tensor | None = None
+    ref_head: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def reward(self, forest: RolloutForest) -> RolloutForest:
+        """The forest with this lesson's per-step reward added (reward routes; else
+        ``forest`` itself)."""
+        if self.row_reward is None:
+            return forest
+        return forest.with_rewards(forest.reward + self.row_reward.to(forest.reward.dtype))
+
+    def attach(self, batch: TokenBatch) -> None:
+        """Apply the token routes to the iteration's token batch (in place): add the
+        token reward to the advantages, or attach the scores for the loss."""
+        if tuple(batch.input_ids.shape) != tuple(self.scores.logprobs.shape):
+            raise ValueError(
+                f"teacher scores {list(self.scores.logprobs.shape)} do not match the token "
+                f"batch {list(batch.input_ids.shape)}"
+            )
+        if self.token_reward is not None:
+            batch.advantages = batch.advantages + self.token_reward
+        if self.route != "loss":
+            return
+        masked = not bool(self.row_mask.all())
+        attach_teacher_scores(batch, self.scores, row_mask=self.row_mask if masked else None)
+        if self.ref_head is not None:
+            batch.token_extras["ref_topk_logprobs"] = self.ref_head
+
+
+@dataclass
+class Teaching:
+    """The run's teachers (module docstring), built once by :meth:`build`.
+
+    Attributes:
+        cfg: the ``teacher`` section.
+        teacher: the teacher (π_T; OPRD's RL teacher; MT-SDPO's EMA; Rényi's self-teacher).
+        base: OPRD's base teacher π_T^base, else ``None``.
+        reference: the frozen reference policy Rényi OPSD mixes in, else ``None``.
+        cache: MT-SDPO's verified contexts per task (``teacher.context_cache`` > 0).
+    """
+
+    cfg: TeacherConfig
+    teacher: Teacher
+    base: Teacher | None = None
+    reference: HFPolicy | None = None
+    cache: ContextCache | None = None
+
+    @classmethod
+    def build(cls, cfg: Config, policy: HFPolicy, reference: HFPolicy | None) -> Teaching | None:
+        """The teachers ``cfg.teacher`` describes for the student ``policy`` (``None``
+        without a teacher). ``reference`` is the run's frozen reference (Rényi OPSD)."""
+        t = cfg.teacher
+        if not t.enabled or t.kind is None:
+            return None
+        require_teacher_path(t)
+        common: dict[str, Any] = {"micro_batch": t.micro_batch, "temperature": t.temperature}
+        params = dict(common)
+        if t.kind in ("run", "hf"):
+            params["path"] = t.path
+        if t.kind == "ema":
+            params["ema_decay"] = t.ema_decay
+        teacher = make_teacher(t.kind, policy, **params)
+        base_path = oprd_base_path(t)
+        base = make_teacher("run", policy, path=base_path, **common) if base_path else None
+        needs_ref = cfg.objective.loss == "renyi_opsd"
+        if needs_ref and reference is None:
+            raise ValueError("renyi_opsd mixes in the frozen reference, which the run lacks")
+        return cls(
+            t,
+            teacher,
+            base,
+            reference if needs_ref else None,
+            ContextCache(t.context_cache) if t.context_cache > 0 else None,
+        )
+
+    # ---------------------------------------------------------------- scoring
+    def lesson(
+        self, renderer: Renderer, forest: RolloutForest, episodes: Sequence[Episode], pad_id: int
+    ) -> Lesson:
+        """Score the policy rows of ``forest`` once and prepare the route (class docs).
+
+        Args:
+            renderer: the student's renderer (privileged prompts).
+            forest: the iteration's policy rows (oracle rows split off).
+            episodes: the rollout's episodes (their task ids key the context cache).
+            pad_id: the student's padding id.
+        """
+        t = self.cfg
+        tb = forest.to_batch(torch.zeros(forest.num_rows), pad_id=pad_id)
+        texts = self._texts(forest, episodes)
+        prompts = None if texts is None else teacher_prompts(renderer, forest, texts, t)
+        row_mask = (
+            torch.ones(len(tb), dtype=torch.bool)
+            if prompts is None
+            else torch.tensor([p is not None for p in prompts], dtype=torch.bool)
+        )
+        rows = TeacherRows.from_batch(tb, prompts)
+        head = t.route == "loss" and (t.topk > 0 or t.full)
+        scores = self.teacher.score(rows, topk=t.topk if head else 0, full=t.full and head)
+        cost = TeacherCost()
+        cost.add(scores.cost)
+        tokens = tb.response_mask & row_mask[:, None]
+        lesson = Lesson(t.route, scores, row_mask)
+        if t.route == "row_reward":
+            lesson.row_reward = distill_row_reward(
+                tb.old_logprobs, scores.logprobs, tokens,
+                coef=t.reward_coef, clip=t.reward_clip, reduce=t.reward_reduce,
+            )  # fmt: skip
+        elif t.route == "token_advantage":
+            lesson.token_reward = distill_token_reward(
+                tb.old_logprobs, scores.logprobs, tokens, coef=t.reward_coef, clip=t.reward_clip
+            )
+        elif t.route == "oprd":
+            lesson.row_reward = self._oprd(forest, tb, rows, row_mask, lesson, cost)
+        elif self.reference is not None and scores.topk_ids is not None:
+            lesson.ref_head = self._reference_head(tb, scores.topk_ids, cost)
+        lesson.metrics.update(self._metrics(tb, scores, tokens, row_mask, lesson, cost))
+        return lesson
+
+    def _texts(self, forest: RolloutForest, episodes: Sequence[Episode]) -> list[str | None] | None:
+        """Per row, the privileged text the teacher reads (``None``: no privileged
+        context at all)."""
+        kind = self.cfg.privileged
+        if kind is None:
+            return None
+        if kind == "anchor":
+            return self._anchors(forest, episodes)
+        if kind not in forest.texts:
+            raise ValueError(
+                f"teacher.privileged={kind} but the rollouts recorded no such text "
+                "(SamplerContext.texts)"
+            )
+        return [x or None for x in forest.texts[kind]]
+
+    def _anchors(self, forest: RolloutForest, episodes: Sequence[Episode]) -> list[str | None]:
+        """MT-SDPO's ``c*`` per row: a verified episode of the same group (self-anchor),
+        else a cached verified context of the same task; sanitised."""
+        t = self.cfg
+        ep = forest.episodes()
+        actions = [[forest.actions[int(i)] for i in ep.path(e)] for e in range(ep.num_episodes)]
+        task_of = {e.group: e.task_id for e in episodes}
+        groups = [int(g) for g in ep.group.tolist()]
+        external: list[str] = []
+        external_group: list[int] = []
+        if self.cache is not None:
+            for g in sorted(set(groups)):
+                for c in self.cache.get(task_of.get(g, str(g))):
+                    external.append(c)
+                    external_group.append(g)
+        choice = select_contexts(
+            ep.group,
+            ep.success,
+            external_group=torch.tensor(external_group, dtype=torch.long),
+        )
+        per_episode = anchor_texts(
+            choice.source, choice.index, actions, external,
+            sanitiser=t.sanitiser, **t.sanitiser_params,
+        )  # fmt: skip
+        if self.cache is not None:
+            for e in torch.nonzero(ep.success).flatten().tolist():
+                text = sanitise(t.sanitiser, actions[e], **t.sanitiser_params)
+                self.cache.add(task_of.get(groups[e], str(groups[e])), text)
+        row_ep = forest.row_episode()
+        return [per_episode[int(e)] for e in row_ep.tolist()]
+
+    def _oprd(
+        self,
+        forest: RolloutForest,
+        tb: TokenBatch,
+        rows: TeacherRows,
+        row_mask: torch.Tensor,
+        lesson: Lesson,
+        cost: TeacherCost,
+    ) -> torch.Tensor:
+        """OPRD's per-step reward ``α·Σ_t Δ_t`` (or the mean) on accepted rows."""
+        assert self.base is not None
+        o = self.cfg.oprd
+        base = self.base.score(rows)
+        cost.add(base.cost)
+        ep = forest.episodes()
+        success = ep.success[forest.row_episode()]
+        accepted = verifier_mask(success, forest.valid, on=o.accept) & row_mask
+        delta = torch.where(tb.response_mask, lesson.scores.logprobs - base.logprobs, 0.0)
+        n_tok = tb.response_mask.sum().clamp(min=1)
+        lesson.metrics["teacher/shift"] = float(delta.sum() / n_tok)
+        lesson.metrics["teacher/accepted_frac"] = float(accepted.float().mean()) if len(tb) else 0.0
+        return oprd_row_reward(
+            lesson.scores.logprobs, base.logprobs, tb.response_mask, accepted,
+            reduce=o.reduce, alpha=o.alpha, clip=o.clip,
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def _reference_head(self, tb: TokenBatch, ids: torch.Tensor, cost: TeacherCost) -> torch.Tensor:
+        """``[B, L, K]`` the frozen reference's log-probs of the teacher's head ids, in the
+        student's own context (Rényi OPSD's ``z_ref``), at the teacher's temperature."""
+        ref = self.reference
+        assert ref is not None
+        t0 = time.perf_counter()
+        out = torch.zeros(ids.shape, dtype=torch.float32)
+        was_training = ref.model.training
+        ref.model.eval()
+        try:
+            for lo in range(0, len(tb), self.cfg.micro_batch):
+                idx = torch.arange(lo, min(len(tb), lo + self.cfg.micro_batch))
+                sub = tb.index(idx).trim()
+                width = sub.input_ids.shape[1]
+                sc = ref.score(
+                    sub.input_ids,
+                    sub.attention_mask,
+                    temperature=self.cfg.temperature,
+                    extra_ids=ids[idx][:, :width],
+                    scored=sub.response_mask,
+                )
+                assert sc.extra_logprobs is not None
+                out[idx, :width] = sc.extra_logprobs.float().cpu()
+                cost.tokens += int(sub.attention_mask.sum())
+        finally:
+            ref.model.train(was_training)
+        out = torch.where(tb.response_mask[..., None], out, 0.0)
+        cost.seconds += time.perf_counter() - t0
+        cost.scored += int(tb.response_mask.sum())
+        cost.rows += len(tb)
+        cost.calls += 1
+        return out
+
+    def _metrics(
+        self,
+        tb: TokenBatch,
+        scores: TeacherScores,
+        tokens: torch.Tensor,
+        row_mask: torch.Tensor,
+        lesson: Lesson,
+        cost: TeacherCost,
+    ) -> dict[str, float]:
+        """Cost (``teacher/seconds``, ``tokens``, ``scored_tokens``, ``rows``), coverage,
+        the sampled-token reverse KL estimate and the mean added reward."""
+        n = int(tokens.sum())
+        k1 = (tb.old_logprobs - scores.logprobs)[tokens]
+        out = cost.metrics()
+        out["teacher/coverage"] = float(row_mask.float().mean()) if len(tb) else 0.0
+        out["teacher/sampled_kl"] = float(k1.sum()) / max(1, n)
+        out["teacher/logprob"] = float(scores.logprobs[tokens].sum()) / max(1, n)
+        if lesson.row_reward is not None:
+            out["teacher/reward_mean"] = float(lesson.row_reward.mean()) if len(tb) else 0.0
+        if lesson.token_reward is not None:
+            out["teacher/reward_mean"] = float(lesson.token_reward.sum()) / max(1, len(tb))
+        if self.cache is not None:
+            out["teacher/cached_contexts"] = float(len(self.cache))
+        return out
+
+    # ------------------------------------------------------------ after a step
+    def after_update(self, policy: HFPolicy) -> None:
+        """Move an EMA teacher toward the student after the iteration's update."""
+        if isinstance(self.teacher, EMATeacher):
+            self.teacher.update(policy)
+
+    # ------------------------------------------------------------ checkpoints
+    def write(self, folder: Path) -> None:
+        """Write the EMA teacher's weights (safetensors) into checkpoint ``folder``
+        (``teacher_ema/``); nothing for other teachers (they do not change)."""
+        if isinstance(self.teacher, EMATeacher):
+            self.teacher.policy.save(Path(folder) / EMA_FOLDER)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON state saved in the checkpoint's ``state.json``: the EMA's update
+        count and the context cache."""
+        state: dict[str, Any] = {}
+        if isinstance(self.teacher, EMATeacher):
+            state["ema_updates"] = self.teacher.updates
+        if self.cache is not None:
+            state["context_cache"] = self.cache.to_dict()
+        return state
+
+    def load(self, folder: Path, state: dict[str, Any] | None) -> None:
+        """Restore what :meth:`write` and :meth:`state_dict` saved in checkpoint
+        ``folder``."""
+        state = state or {}
+        if isinstance(self.teacher, EMATeacher):
+            path = Path(folder) / EMA_FOLDER
+            if not path.is_dir():
+                raise ValueError(
+                    f"checkpoint {str(folder)!r} has no {EMA_FOLDER}/: it was not written by "
+                    "a run with teacher.kind=ema; resume with the run's own config"
+                )
+            self.teacher.policy.load_weights(path)
+            self.teacher.updates = int(state.get("ema_updates", 0))
+        if self.cache is not None and state.get("context_cache") is not None:
+            self.cache = ContextCache.from_dict(state["context_cache"])

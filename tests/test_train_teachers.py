@@ -1,0 +1,432 @@
+"""Teachers in ``credo train``: the ``teacher`` section's checks, the four recipes end to
+end (the teacher signal moves the student toward the teacher), exact resume with an EMA
+teacher, and bad teacher input stopping before any compute."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from credo.cli import main as cli_main
+from credo.envs.base import Task
+from credo.objectives import mixed_target
+from credo.policy import create_tiny_policy
+from credo.policy.tiny import TinyModelConfig
+from credo.teachers import TeacherRows, score_with_policy
+from credo.train.config import ConfigError, load_config
+from credo.train.iteration import run_iteration
+from credo.train.loop import train
+from credo.train.progress import Progress
+from credo.train.run import Run, build_run, env_vocabulary
+from credo.train.state import TrainState
+from credo.train.teaching import row_histories
+from credo.train.warmstart import start_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SMALL = [
+    "env.name=examples.custom_env:GuessEnv",
+    "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128}",
+    "sft.episodes=600",
+    "sft.steps=120",
+    "sft.noisy_episodes=200",
+    "sft.noisy_steps=20",
+    "sft.epsilon=0.5",
+    "rollout.tasks_per_iter=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=6",
+    "optim.lr=5e-4",
+    "eval.episodes=16",
+    "train.checkpoint_every=2",
+    "train.threads=1",
+]
+
+#: End-to-end cases: (recipe, overrides besides SMALL). GuessEnv's answer is its final
+#: guess, so MT-SDPO's anchors drop it; MT-SDPO runs on the teacher's signal alone (β = 1,
+#: no GRPO term) so that the test measures what the teacher does. The two reward routes
+#: of on-policy distillation run with the PPO loss.
+CASES = {
+    "opd": ("opd", []),
+    "opd-row_reward": ("opd", ["objective.loss=ppo", "objective.params={}", "teacher.route=row_reward", "teacher.full=false"]),
+    "opd-token_advantage": ("opd", ["objective.loss=ppo", "objective.params={}", "teacher.route=token_advantage", "teacher.full=false"]),
+    "oprd": ("oprd", []),
+    "mt_sdpo": ("mt_sdpo", ["teacher.sanitiser=drop_final", "teacher.context_cache=0", "objective.params={beta: 1.0, rl_coef: 0.0}"]),
+    "renyi_opsd": ("renyi_opsd", []),
+}  # fmt: skip
+NEEDS_PATH = ("opd", "oprd")
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GRPO run on GuessEnv from another seed's warm start, with a KL to its reference
+    (so it keeps ``reference/``, OPRD's base)."""
+    root = tmp_path_factory.mktemp("teacher")
+    cfg = load_config(
+        "grpo",
+        [
+            *SMALL,
+            "train.iterations=3",
+            "train.seed=1",
+            "objective.kl_coef=0.05",
+            f"train.runs_dir={root}",
+            "train.name=teacher",
+        ],
+    )
+    res = train(cfg, quiet=True)
+    assert (res.run_dir / "final_policy").is_dir() and (res.run_dir / "reference").is_dir()
+    return res.run_dir
+
+
+def _overrides(case: str, teacher: Path, tmp: Path) -> list[str]:
+    recipe, extra = CASES[case]
+    out = [*SMALL, *extra, f"train.runs_dir={tmp}", f"train.name={case}"]
+    return out + ([f"teacher.path={teacher}"] if recipe in NEEDS_PATH else [])
+
+
+# ------------------------------------------------------------------ config checks
+def test_teacher_section_checks() -> None:
+    def err(recipe: str, *extra: str) -> str:
+        with pytest.raises(ConfigError) as e:
+            load_config(recipe, list(extra))
+        msg = str(e.value)
+        assert "\n" not in msg
+        return msg
+
+    assert "distils from a teacher" in err("grpo", "objective.loss=opd")
+    assert "teacher.route=loss" in err("opd", "teacher.path=/x", "teacher.route=row_reward")
+    assert "needs a distillation loss" in err("grpo", "teacher.kind=ema")
+    assert "teacher.topk=K" in err("opd", "teacher.path=/x", "teacher.full=false")
+    assert "teacher.privileged in anchor" in err("mt_sdpo", "teacher.privileged=oracle")
+    assert "needs teacher.privileged" in err("renyi_opsd", "teacher.privileged=null")
+    assert "exclude each other" in err("renyi_opsd", "teacher.topk=4")
+    assert "Did you mean 'ema'" in err("grpo", "teacher.kind=emma", "teacher.route=row_reward")
+    assert "does not exist" in err("opd", "teacher.path=/nowhere/at/all")
+    assert "teacher.kind is null" in err("grpo", "teacher.path=/x")
+    assert "teacher.oprd.accept must be one of" in err(
+        "oprd", "teacher.path=/x", "teacher.oprd.accept=maybe"
+    )
+    # the estimators that read only the sampled token need no head
+    cfg = load_config(
+        "renyi_opsd",
+        ["objective.loss=opd", "objective.params={estimator: k1}", "teacher.full=false"],
+    )
+    assert cfg.teacher.rollout_texts() == ("instruction", "oracle")
+    assert load_config("grpo").teacher.rollout_texts() == ()
+    # a whole distribution is for small vocabularies (checked against the student)
+    from types import SimpleNamespace
+
+    from credo.train.teaching import check_teacher_inputs
+
+    with pytest.raises(ValueError, match=r"set teacher\.full=false teacher\.topk=K"):
+        check_teacher_inputs(load_config("renyi_opsd"), SimpleNamespace(vocab_size=49152))  # type: ignore[arg-type]
+    check_teacher_inputs(load_config("renyi_opsd"), SimpleNamespace(vocab_size=100))  # type: ignore[arg-type]
+
+
+def test_bad_teacher_folders_stop_before_the_run_folder(tmp_path: Path) -> None:
+    """A run still training, another vocabulary size, another tokenizer: one line, no
+    run folder, no compute."""
+    # still training: checkpoints and fresh metrics, no final_policy
+    running = tmp_path / "running"
+    (running / "checkpoints" / "step_2").mkdir(parents=True)
+    (running / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="still training") as e:
+        load_config("opd", [*SMALL, f"teacher.path={running}"])
+    assert "\n" not in str(e.value)
+    # the student's tokenizer: the built-in model on GuessEnv's words
+    cfg = load_config("grpo", SMALL)
+    run = build_run(cfg)
+    words = env_vocabulary(run.make_env(), run.make_env)
+    small = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    create_tiny_policy(words[:-3], small).save(tmp_path / "fewer")
+    other = list(words)
+    other[0] = "zzzunseen"
+    create_tiny_policy(other, small).save(tmp_path / "other")
+    runs = tmp_path / "runs"
+    for folder, expected in (("fewer", "vocabulary size"), ("other", "another tokenizer")):
+        cfg = load_config(
+            "opd", [*SMALL, f"teacher.path={tmp_path / folder}", f"train.runs_dir={runs}"]
+        )
+        with pytest.raises(ValueError, match=expected) as e:
+            train(cfg, quiet=True)
+        assert "\n" not in str(e.value)
+        assert not runs.exists()
+
+
+def test_cli_reports_a_missing_teacher_path_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Recipes leave ``teacher.path`` to the command line (``credo recipes`` loads them);
+    a run without it stops before its folder exists."""
+    assert load_config("opd").teacher.path is None
+    rc = cli_main(["train", "--recipe", "opd", f"train.runs_dir={tmp_path}", *SMALL])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "needs teacher.path" in err, err
+    assert not any(tmp_path.iterdir())
+
+
+# -------------------------------------------------------------------- end to end
+def _fixed_rollouts(run: Run, state: TrainState):  # type: ignore[no-untyped-def]
+    """The warm start's rollouts on fixed tasks: the rows every measurement uses."""
+    tasks = [Task.make("train", 90_000 + i) for i in range(4)]
+    gen = torch.Generator().manual_seed(7)
+    return run.rollouts(state.policy, tasks, generator=gen, choice_seed=0)
+
+
+def _distance(run: Run, state: TrainState, rollout, alpha: float) -> float:  # type: ignore[no-untyped-def]
+    """How far the student is from its teacher on the fixed rows: the exact mean
+    KL(π_θ ‖ target) per response token (target: the teacher in its own context, Rényi:
+    q_α), or for OPRD minus the student's expected teacher shift E_π_θ[Δ]."""
+    teaching = state.teaching
+    assert teaching is not None
+    forest = rollout.forest
+    tb = forest.to_batch(torch.zeros(forest.num_rows), pad_id=state.policy.pad_id)
+    rows = TeacherRows.from_batch(tb)
+    s = score_with_policy(state.policy, rows, full=True).topk_logprobs
+    assert s is not None
+    if teaching.cfg.route == "oprd":
+        assert teaching.base is not None
+        rl = teaching.teacher.score(rows, full=True).topk_logprobs
+        base = teaching.base.score(rows, full=True).topk_logprobs
+        assert rl is not None and base is not None
+        m = tb.response_mask
+        return -float((s[m].exp() * (rl[m] - base[m])).sum(-1).mean())
+    if teaching.cfg.route != "loss":  # reward routes: the teacher's whole distribution
+        t = teaching.teacher.score(rows, full=True).topk_logprobs
+        assert t is not None
+        m = tb.response_mask
+        return float((s[m].exp() * (s[m] - t[m])).sum(-1).mean())
+    lesson = teaching.lesson(run.renderer, forest, rollout.episodes, state.policy.pad_id)
+    t = lesson.scores.topk_logprobs
+    assert t is not None and t.shape == s.shape
+    if teaching.reference is not None:  # Rényi OPSD: the target q_α
+        assert lesson.ref_head is not None
+        t = mixed_target(t, lesson.ref_head, alpha)
+    m = tb.response_mask & lesson.row_mask[:, None]
+    assert bool(m.any())
+    return float((s[m].exp() * (s[m] - t[m])).sum(-1).mean())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_recipe_moves_the_student_toward_its_teacher(
+    case: str, teacher_run: Path, tmp_path: Path
+) -> None:
+    cfg = load_config(
+        CASES[case][0], [*_overrides(case, teacher_run, tmp_path), "train.iterations=4"]
+    )
+    run = build_run(cfg)
+    run_dir = tmp_path / case
+    run_dir.mkdir()
+    policy, warm = start_policy(run, run_dir, resuming=False, progress=Progress(enabled=False))
+    assert warm is not None and 0 < warm.success_rate < 1
+    state = TrainState.start(run, run_dir, policy, None)
+    alpha = float(cfg.objective.params.get("alpha", 0.5))
+    fixed = _fixed_rollouts(run, state)
+    if cfg.teacher.privileged is not None:  # the teacher's prompts re-render the student's
+        forest = fixed.forest
+        hist = row_histories(forest)
+        for i in range(forest.num_rows):
+            want = forest.prompt_ids[i].tolist()
+            got = run.renderer.prompt_ids(
+                forest.texts["instruction"][i], hist[i], forest.observations[i]
+            )
+            assert got == want
+    before = _distance(run, state, fixed, alpha)
+    records = [run_iteration(run, state, it) for it in range(cfg.train.iterations)]
+    after = _distance(run, state, fixed, alpha)
+    print(f"{case}: distance {before:.4f} -> {after:.4f}")
+    if cfg.teacher.route == "oprd":  # minus the expected shift: any sign
+        assert after < before - 0.01, (before, after)
+    else:  # a KL
+        assert after < 0.8 * before, (before, after)
+    for r in records:  # the scoring cost is reported every iteration
+        assert r["teacher/seconds"] > 0 and r["teacher/tokens"] > r["teacher/scored_tokens"] > 0
+        assert 0 < r["teacher/coverage"] <= 1
+    if cfg.teacher.route == "loss":
+        assert all(r["distill/coverage"] > 0 for r in records)
+    else:
+        assert any(r["teacher/reward_mean"] != 0 for r in records)
+
+
+def _stable(records: list[dict]) -> list[dict]:
+    skip = ("time/", "perf/", "teacher/seconds")
+    return [{k: v for k, v in r.items() if not k.startswith(skip)} for r in records]
+
+
+@pytest.mark.slow
+def test_resume_with_an_ema_teacher_is_exact(tmp_path: Path) -> None:
+    """MT-SDPO keeps an EMA teacher and a context cache: a run stopped after 2
+    iterations and resumed matches the run that never stopped."""
+    extra = ["teacher.sanitiser=drop_final"]
+
+    def cfg(name: str, iterations: int):  # type: ignore[no-untyped-def]
+        return load_config(
+            "mt_sdpo",
+            [*SMALL, *extra, f"train.runs_dir={tmp_path}", f"train.name={name}",
+             f"train.iterations={iterations}"],
+        )  # fmt: skip
+
+    full = train(cfg("full", 3), quiet=True)
+    part = train(cfg("part", 2), quiet=True)
+    ckpt = part.run_dir / "checkpoints" / "step_2"
+    assert (ckpt / "teacher_ema" / "model.safetensors").exists()
+    saved = json.loads((ckpt / "state.json").read_text())["teacher_state"]
+    assert saved["ema_updates"] == 2 and saved["context_cache"]["tasks"]
+    resumed = train(cfg("part", 3), resume=part.run_dir, quiet=True)
+    assert _stable(resumed.metrics) == _stable(full.metrics)
+    assert any(r["teacher/cached_contexts"] > 0 for r in full.metrics)
+    assert resumed.final is not None and full.final is not None
+    assert resumed.final.success_rate == full.final.success_rate
+
+
+# ------------------------------------------------------- routes on a hand-made forest
+def _hand_forest(student):  # type: ignore[no-untyped-def]
+    """Two episodes of group 0 (the first succeeds), two steps each, rendered as the
+    sampler renders them, with the goal and an oracle hint recorded per step."""
+    from credo.data import ForestBuilder, Step
+    from credo.rollout.render import PlainRenderer, Turn
+
+    renderer = PlainRenderer(student.tokenizer)
+    builder = ForestBuilder()
+    gen = torch.Generator().manual_seed(0)
+    for e, (actions, success) in enumerate(
+        ((["guess[4]", "guess[2]"], True), (["guess[5]", "guess[7]"], False))
+    ):
+        parent, history = -1, []
+        for t, action in enumerate(actions):
+            obs = f"the secret is from 1 to {8 - t}"
+            prompt = renderer.prompt_ids("guess the secret number", history, obs)
+            response = renderer.response_ids(action)
+            step = Step(
+                obs, action, reward=float(success and t == 1), terminal=t == 1,
+                prompt_ids=prompt, response_ids=response,
+                logprobs=(-torch.rand(len(response), generator=gen) - 0.1).tolist(),
+                texts={"instruction": "guess the secret number", "oracle": "" if e else "guess[3]"},
+            )  # fmt: skip
+            parent = builder.add(0, parent, step)
+            history.append(Turn(obs, action))
+        builder.mark_success(parent, success)
+    return builder.build(), renderer
+
+
+def _guess_policy(seed: int):  # type: ignore[no-untyped-def]
+    from examples.custom_env import GuessEnv
+
+    from credo.rollout.render import PLAIN_WORDS
+
+    small = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    return create_tiny_policy([*GuessEnv().vocabulary(), *PLAIN_WORDS], small, seed=seed)
+
+
+def test_forest_texts_follow_select_and_concat() -> None:
+    from credo.data import RolloutForest
+
+    forest, _ = _hand_forest(_guess_policy(0))
+    assert forest.texts["oracle"] == ["guess[3]", "guess[3]", "", ""]
+    sub = forest.select(torch.tensor([2, 3]))
+    assert sub.texts["oracle"] == ["", ""]
+    both = RolloutForest.concat([sub, forest])
+    assert both.texts["instruction"] == ["guess the secret number"] * 6
+    assert both.step(2).texts == {"instruction": "guess the secret number", "oracle": "guess[3]"}
+
+
+def test_reward_and_advantage_routes_by_hand() -> None:
+    from credo.teachers import PolicyTeacher
+    from credo.train.config import OPRDConfig, TeacherConfig
+    from credo.train.teaching import Teaching
+
+    student, teacher, base = _guess_policy(0), PolicyTeacher(_guess_policy(1)), _guess_policy(2)
+    forest, renderer = _hand_forest(student)
+    tb = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
+    rows = TeacherRows.from_batch(tb)
+    t_lp = teacher.score(rows).logprobs
+    m = tb.response_mask
+    k1 = torch.where(m, tb.old_logprobs - t_lp, 0.0)  # [B, L]
+    pad = student.pad_id
+
+    cfg = TeacherConfig(kind="run", route="row_reward", reward_coef=0.5)
+    lesson = Teaching(cfg, teacher).lesson(renderer, forest, [], pad)
+    torch.testing.assert_close(lesson.row_reward, -0.5 * k1.sum(1))
+    torch.testing.assert_close(lesson.reward(forest).reward, forest.reward - 0.5 * k1.sum(1))
+    assert lesson.metrics["teacher/sampled_kl"] == pytest.approx(float(k1.sum() / m.sum()))
+    assert lesson.metrics["teacher/tokens"] == float(tb.attention_mask.sum())
+
+    cfg = TeacherConfig(kind="run", route="token_advantage", reward_coef=2.0, reward_clip=0.5)
+    lesson = Teaching(cfg, teacher).lesson(renderer, forest, [], pad)
+    batch = forest.to_batch(torch.tensor([1.0, 1.0, -1.0, -1.0]), pad_id=pad)
+    before = batch.advantages.clone()
+    lesson.attach(batch)
+    want = torch.where(m, (-2.0 * k1).clamp(-0.5, 0.5), 0.0)
+    torch.testing.assert_close(batch.advantages - before, want)
+    assert lesson.reward(forest) is forest and not batch.token_extras
+
+    # OPRD: α·Σ(log π_RL − log π_base) on the rows of the successful episode only
+    cfg = TeacherConfig(kind="run", route="oprd", oprd=OPRDConfig(alpha=2.0, accept="success"))
+    b_lp = PolicyTeacher(base).score(rows).logprobs
+    lesson = Teaching(cfg, teacher, base=PolicyTeacher(base)).lesson(renderer, forest, [], pad)
+    delta = torch.where(m, t_lp - b_lp, 0.0).sum(1)
+    torch.testing.assert_close(lesson.row_reward, 2.0 * delta * torch.tensor([1.0, 1, 0, 0]))
+    assert lesson.metrics["teacher/accepted_frac"] == 0.5
+
+
+def test_loss_route_with_privileged_prompts() -> None:
+    from credo.teachers import PolicyTeacher, privileged_prompt_ids
+    from credo.train.config import TeacherConfig
+    from credo.train.teaching import Teaching, teacher_prompts
+
+    student = _guess_policy(0)
+    forest, renderer = _hand_forest(student)
+    hist = row_histories(forest)
+    assert [len(h) for h in hist] == [0, 1, 0, 1] and hist[1][0].action == "guess[4]"
+    cfg = TeacherConfig(kind="self", privileged="oracle", full=True)
+    prompts = teacher_prompts(renderer, forest, [x or None for x in forest.texts["oracle"]], cfg)
+    assert prompts[2] is None and prompts[3] is None
+    assert prompts[1] == privileged_prompt_ids(
+        renderer, "guess the secret number", hist[1], forest.observations[1], "guess[3]"
+    )
+    lesson = Teaching(cfg, PolicyTeacher(student)).lesson(renderer, forest, [], student.pad_id)
+    assert lesson.row_mask.tolist() == [True, True, False, False]
+    batch = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
+    lesson.attach(batch)
+    ex = batch.token_extras
+    assert ex["teacher_topk_ids"].shape[-1] == student.vocab_size
+    assert ex["teacher_mask"][:, 0].tolist() == [True, True, False, False]
+    # the same rows scored by the student in the teacher's context
+    rows = TeacherRows.from_batch(batch, prompts)
+    torch.testing.assert_close(ex["teacher_logprobs"], PolicyTeacher(student).score(rows).logprobs)
+
+
+def test_update_gathers_the_teacher_head_after_the_sampler_sets() -> None:
+    """The student's log-probs of the teacher's head ride in the same forward pass as
+    KLPO's sampler sets, after them: the distillation loss is the same with or without
+    those sets, and equals the exact KL to the teacher (full distributions)."""
+    from credo.objectives import aggregation_weights
+    from credo.teachers import PolicyTeacher, attach_teacher_scores
+    from credo.train.update import UpdateContext, _micro_loss
+
+    cfg = load_config("renyi_opsd", ["objective.loss=opd", "objective.params={}"])
+    student, teacher = _guess_policy(0), PolicyTeacher(_guess_policy(1))
+    forest, _ = _hand_forest(student)
+    batch = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
+    rows = TeacherRows.from_batch(batch)
+    attach_teacher_scores(batch, teacher.score(rows, full=True))
+    ctx = UpdateContext(student, torch.optim.SGD(student.model.parameters(), lr=0.0), cfg)
+    w = aggregation_weights(batch.loss_mask, "token-mean", episode=batch.episode, turn=batch.turn)
+    loss, metrics = _micro_loss(ctx, batch, w, None, 0)
+    with_aux = batch.index(torch.arange(4))
+    shape = (*batch.input_ids.shape, 3)
+    with_aux.token_extras["aux_ids"] = torch.randint(0, student.vocab_size, shape)
+    with_aux.token_extras["aux_old_logprobs"] = -torch.rand(shape)
+    loss_aux, _ = _micro_loss(ctx, with_aux, w, None, 0)
+    torch.testing.assert_close(loss_aux, loss)
+    s = score_with_policy(student, rows, full=True).topk_logprobs
+    t = teacher.score(rows, full=True).topk_logprobs
+    assert s is not None and t is not None
+    m = batch.response_mask
+    exact = float((s[m].exp() * (s[m] - t[m])).sum(-1).mean())
+    assert float(metrics["distill/reverse_kl"]) == pytest.approx(exact, rel=1e-4, abs=1e-6)
