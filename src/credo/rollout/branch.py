@@ -35,7 +35,8 @@ from typing import Any
 
 from credo.data import Episode
 from credo.envs.base import RestoreDivergence, check_replay, restore_env
-from credo.rollout.group import EpisodeRunner, Trajectory
+from credo.rollout.envguard import EnvCallError, check_observation, env_call, env_phase
+from credo.rollout.group import EpisodeRunner, Trajectory, read_instruction
 
 __all__ = ["DIVERGENCE_POLICIES", "restore_runner", "try_restore"]
 
@@ -75,11 +76,17 @@ def restore_runner(
         raise ValueError(f"restore_runner: depth {depth} not in [0, {len(ep.steps)})")
     where = f"(task {src.task.id}, depth {depth})"
     env = make_env()
-    try:
-        obs = env.reset(src.task, env_seed)
+
+    def replay() -> tuple[str, str]:
+        obs = check_observation(env, env.reset(src.task, env_seed), "reset")
         if depth > 0:
             restore_env(env, src.snapshots[depth - 1])
-            obs = env.step(ep.steps[depth - 1].action).observation
+            obs = check_observation(env, env.step(ep.steps[depth - 1].action).observation, "step")
+        return obs, read_instruction(env, src.instruction)
+
+    try:
+        with env_phase("restore"):  # recorded in env_errors.jsonl like any env error
+            obs, instruction = env_call(replay, task=src.task.id, turn=depth, call="restore")
         check_replay(
             env,
             observation=obs,
@@ -89,6 +96,12 @@ def restore_runner(
         )
     except RestoreDivergence:
         raise
+    except EnvCallError as exc:
+        cause = exc.cause
+        raise RestoreDivergence(
+            f"restoring {type(env).__name__} {where} raised {type(cause).__name__}: {cause} "
+            f"[{exc.record.location}]"
+        ) from cause
     except Exception as exc:
         raise RestoreDivergence(
             f"restoring {type(env).__name__} {where} raised {type(exc).__name__}: {exc}"
@@ -98,13 +111,12 @@ def restore_runner(
         src.task,
         src.group,
         Episode(group=src.group, steps=list(ep.steps[:depth]), task_id=src.task.id),
-        instruction=src.instruction,
+        instruction=instruction,  # the goal as it was at that depth
         observation=ep.steps[depth].observation,
         history=list(src.history[:depth]),
         snapshots=list(src.snapshots[:depth]) if keep_snapshots else None,
         source=source,
     )
-    runner.refresh_instruction()  # the goal as it was at that depth
     return runner
 
 
