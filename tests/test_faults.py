@@ -76,6 +76,7 @@ def _cfg(tmp: Path, name: str, *extra: str) -> Any:
         [
             *SMALL,
             f"train.iterations={ITERATIONS}",
+            "train.checkpoint_every=1",
             *extra,
             f"train.runs_dir={tmp}",
             f"train.name={name}",
@@ -189,15 +190,16 @@ def test_kill_at_write_point_then_resume_is_identical(
 
     cfg = _cfg(tmp_path, point)
     if point == "metrics-append":
-        real_write = os.write
+        real_write = train_logging.MetricsLog.write
 
-        def torn(fd: int, data: bytes) -> int:
-            if b'"iteration": 2,' in data:
-                real_write(fd, data[: len(data) // 2])
+        def torn(self: Any, record: dict) -> None:
+            if record["iteration"] == 2:
+                with self.path.open("a") as fh:
+                    fh.write(json.dumps(record)[:100])
                 raise Killed("metrics")
-            return real_write(fd, data)
+            real_write(self, record)
 
-        monkeypatch.setattr(train_logging.os, "write", torn)
+        monkeypatch.setattr(train_logging.MetricsLog, "write", torn)
     elif point == "prune":
         real_rmtree = ckpt.shutil.rmtree
 
@@ -677,6 +679,19 @@ def test_a_hanging_env_times_out_and_is_rebuilt(faulty: type[FaultyEnv]) -> None
     assert 0 < len(demos.episodes) == 6 - log.count
 
 
+def test_when_every_demonstration_fails_the_env_error_is_shown(faulty: type[FaultyEnv]) -> None:
+    """Item 3 in the warm start: when every demonstration episode fails, the error shows
+    the env's own exception (it used to be "no demonstration rows to train on")."""
+    from credo.rollout.envguard import EnvFailure
+    from credo.train.run import build_run
+    from credo.train.sft import collect_demonstrations
+
+    run = build_run(load_config("grpo", [*FAST, "env.name=examples.custom_env:GuessEnv"]))
+    faulty.fail = {"reset": ("raise", 1)}
+    with pytest.raises(EnvFailure, match="RuntimeError: faulty-env-reset-1"):
+        collect_demonstrations(faulty, run.renderer, episodes=3, epsilon=0.0)
+
+
 @pytest.mark.parametrize(
     ("what", "extra", "recipe"),
     [
@@ -790,9 +805,12 @@ def test_a_non_finite_gradient_stops_before_the_optimizer_step(
         train(cfg, quiet=True)
 
 
-def test_step_timeout_is_validated() -> None:
-    from credo.train.config import ConfigError
+def test_defaults_checkpoint_every_iteration_and_time_out_steps() -> None:
+    """Checkpoints every iteration by default (a crash loses at most the iteration under
+    way); ``rollout.step_timeout`` defaults to 60 s and is validated."""
+    from credo.train.config import ConfigError, recipe_names
 
+    assert {load_config(r, []).train.checkpoint_every for r in recipe_names()} == {1}
     assert load_config("grpo", []).rollout.step_timeout == 60.0
     for bad in ("-1", "inf", "abc"):
         with pytest.raises(ConfigError, match=r"rollout\.step_timeout"):

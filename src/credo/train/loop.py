@@ -102,6 +102,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
             lock.release()
         progress.warn("interrupted during set-up; nothing was trained")
         return TrainResult(run_dir, 0, None, None, True, time.perf_counter() - t_start)
+    assert lock is not None  # taken above for both a fresh and a resumed run
     try:
         return _train_locked(run, run_dir, resume is not None, progress, t_start)
     finally:
@@ -184,7 +185,7 @@ def _iterate(
             StopOnInterrupt(progress.warn) as stop,
         ):
             for it in range(state.iteration, total):
-                rng, errors_before = rng_snapshot(), errors.count
+                rng, errors_before = rng_snapshot(), (errors.count, len(errors.records))
                 try:
                     record = run_iteration(run, state, it)
                 except Exception as exc:
@@ -222,11 +223,12 @@ def _iterate(
 
 
 def _iteration_error(
-    exc: Exception, it: int, errors: EnvErrorLog, errors_before: int, run_dir: Path
+    exc: Exception, it: int, errors: EnvErrorLog, before: tuple[int, int], run_dir: Path
 ) -> Exception:
     """The error the user sees when iteration ``it`` fails: the env's own error first
     when the env failed in it (rather than what that caused downstream, e.g. a forest
-    without token data), and where the run can continue from."""
+    without token data), and where the run can continue from. ``before``: the log's
+    ``(count, len(records))`` when the iteration started."""
     last = latest_checkpoint(run_dir)
     resume = (
         f"resume continues after {last.name}: credo train --resume {run_dir}"
@@ -235,9 +237,9 @@ def _iteration_error(
     )
     if isinstance(exc, EnvFailure):
         return EnvFailure(f"iteration {it}: {exc}. {resume}")
-    new = errors.count - errors_before
+    new = errors.count - before[0]
     if new > 0:
-        first = errors.records[-new] if new <= len(errors.records) else None
+        first = errors.records[before[1]] if len(errors.records) > before[1] else None
         what = first.line() if first is not None else "see env_errors.jsonl"
         return EnvFailure(
             f"iteration {it} failed after the env raised {new} time(s) in it; the env's first "
