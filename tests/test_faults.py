@@ -633,27 +633,61 @@ def _errors(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.parametrize(
+    ("recipe", "extra"),
+    [
+        ("grpo", []),
+        ("tsbpo", []),  # the tree sampler: snapshots, restores, branches
+        ("grpo", ["rollout.oracle_horizon=2", "objective.oracle_coef=0.1"]),  # oracle
+    ],
+)
 def test_env_that_raises_sometimes_is_contained_in_every_phase(
-    faulty: type[FaultyEnv], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    recipe: str,
+    extra: list[str],
+    faulty: type[FaultyEnv],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Item 1 (and 3's "never written anywhere"): an env whose ``step`` raises on every
-    20th call and ``reset`` on every 25th does not kill the run, with the warm start on:
-    the failed episodes are written to ``env_errors.jsonl`` (task, turn, phase, the env's
-    own message, the line that raised) and the first few shown, one line each."""
-    faulty.fail = {"step": ("raise", 20), "reset": ("raise", 25)}
-    res = train(_faulty_cfg(tmp_path, "flaky", "train.iterations=2"), quiet=True)
+    20th call, ``reset`` on every 25th and ``snapshot`` on every 30th does not kill the
+    run, with the warm start on, under the group and tree samplers and with oracle
+    continuations: the failed episodes are written to ``env_errors.jsonl`` (task, turn,
+    phase, the env's own message, the line that raised) and the first few shown, one
+    line each."""
+    faulty.fail = {"step": ("raise", 20), "reset": ("raise", 25), "snapshot": ("raise", 30)}
+    res = train(
+        _faulty_cfg(tmp_path, "flaky", "train.iterations=2", *extra, recipe=recipe), quiet=True
+    )
     assert res.iterations == 2 and res.final is not None
     errors = _errors(res.run_dir)
     phases = {e["phase"] for e in errors}
     assert {"warm start", "rollout", "eval"} <= phases
     assert all(e["message"].startswith("RuntimeError: faulty-env-") for e in errors)
     assert all("test_faults.py" in e["location"] for e in errors)
-    assert {e["call"] for e in errors} == {"reset", "step"}
+    # snapshots are taken in `step`; the tree sampler's branches also `restore`
+    assert {"reset", "step"} <= {e["call"] for e in errors} <= {"reset", "step", "restore"}
     rollout = [e for e in errors if e["phase"] == "rollout"]
     assert sum(r["rollout/env_errors"] for r in res.metrics) == len(rollout)
+    if extra:  # the snapshots of the oracle's start states are taken by the sampler's steps
+        assert sum(r["rollout/oracle_continuations"] for r in res.metrics) > 0
     assert all(e["task"].startswith("train") and e["turn"] >= 0 for e in rollout)
     shown = [line for line in capsys.readouterr().err.splitlines() if "env error" in line]
     assert len(shown) == 5 and "faulty-env-" in shown[0]
+
+
+def test_a_truncated_metrics_file_is_detected(tmp_path: Path) -> None:
+    """Item 9: on resume, iterations missing below the checkpoint (a file cut short) are
+    reported, not silently accepted; the rewrite keeps the rest."""
+    from credo.train.logging import MetricsLog, read_metrics
+
+    rows = [{"iteration": i, "x": i} for i in range(5)]
+    del rows[2]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"iteration": 5, "x"'
+    )
+    log = MetricsLog(tmp_path, resume_from=4, tensorboard=False)
+    assert log.missing == [2]
+    assert [r["iteration"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 3]
 
 
 def test_a_hanging_env_times_out_and_is_rebuilt(faulty: type[FaultyEnv]) -> None:

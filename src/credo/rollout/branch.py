@@ -13,8 +13,10 @@ first k steps), :func:`restore_runner`
    recorded state key (:func:`~credo.envs.base.check_replay`). The branch's prompt is
    built from the recorded history and observation, so a restore that lands elsewhere
    would make the policy act on a state it is not shown: that is a
-   :class:`~credo.envs.base.RestoreDivergence`. An env that raises while being restored
-   counts as diverged too.
+   :class:`~credo.envs.base.RestoreDivergence`. An env that raises, hangs or returns a
+   non-string observation while being restored is an env error instead
+   (:class:`RestoreEnvError`, recorded like any other and contained: the branch is
+   dropped whatever ``on_restore_divergence`` says).
 
 The runner it returns starts with τ's first k steps (the same :class:`Step` objects),
 history and snapshots, so the branch's first prompt is exactly the prompt τ had at depth
@@ -38,12 +40,18 @@ from credo.envs.base import RestoreDivergence, check_replay, restore_env
 from credo.rollout.envguard import EnvCallError, check_observation, env_call, env_phase
 from credo.rollout.group import EpisodeRunner, Trajectory, read_instruction
 
-__all__ = ["DIVERGENCE_POLICIES", "restore_runner", "try_restore"]
+__all__ = ["DIVERGENCE_POLICIES", "RestoreEnvError", "restore_runner", "try_restore"]
 
 #: Accepted values of ``rollout.on_restore_divergence``.
 DIVERGENCE_POLICIES = ("error", "skip")
 
 log = logging.getLogger("credo.rollout")
+
+
+class RestoreEnvError(RestoreDivergence):
+    """The env raised, hung or returned a non-string observation while being restored
+    (``reset``, ``restore`` or the replayed ``step``): an env error, recorded in
+    ``env_errors.jsonl`` like any other, rather than a divergence of a working env."""
 
 
 def restore_runner(
@@ -98,7 +106,7 @@ def restore_runner(
         raise
     except EnvCallError as exc:
         cause = exc.cause
-        raise RestoreDivergence(
+        raise RestoreEnvError(
             f"restoring {type(env).__name__} {where} raised {type(cause).__name__}: {cause} "
             f"[{exc.record.location}]"
         ) from cause
@@ -135,7 +143,10 @@ def try_restore(
 
     ``on_divergence="error"`` lets :class:`RestoreDivergence` propagate; ``"skip"``
     returns ``None``, adds 1 to ``stats["rollout/restore_divergences"]`` and logs a
-    warning. Each call adds the replayed step (depth ≥ 1) to
+    warning. An env that raises while being restored (:class:`RestoreEnvError`) is an
+    env error, not a divergence: whatever the policy, the branch is dropped (``None``),
+    counted in ``stats["rollout/restore_env_errors"]`` and recorded in the run's
+    ``env_errors.jsonl``. Each call adds the replayed step (depth ≥ 1) to
     ``stats["rollout/restore_steps"]``.
     """
     if on_divergence not in DIVERGENCE_POLICIES:
@@ -153,6 +164,10 @@ def try_restore(
             source=source,
             keep_snapshots=keep_snapshots,
         )
+    except RestoreEnvError as exc:  # contained like any env error: the branch is dropped
+        stats["rollout/restore_env_errors"] = stats.get("rollout/restore_env_errors", 0) + 1
+        log.warning("branch dropped: %s", exc)
+        return None
     except RestoreDivergence as exc:
         if on_divergence == "error":
             raise

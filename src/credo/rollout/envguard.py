@@ -250,8 +250,8 @@ def _alarm(signum: int, frame: Any) -> None:
 
 def env_call(fn: Callable[[], T], *, task: str = "", turn: int = -1, call: str = "step") -> T:
     """``fn()`` (a call into an env) under the guard: the value, or :class:`EnvCallError`
-    after the error was recorded. :class:`EnvFailure` (a non-finite reward) passes
-    through untouched: it stops the run."""
+    after the error was recorded. :class:`EnvFailure` (a non-finite reward) is recorded
+    and raised as it is: it stops the run."""
     timeout = _guard().timeout
     timed = (
         timeout > 0
@@ -268,7 +268,8 @@ def env_call(fn: Callable[[], T], *, task: str = "", turn: int = -1, call: str =
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
-    except EnvFailure:
+    except EnvFailure as exc:  # recorded too, then it stops the run
+        record_env_error(exc, task=task, turn=turn, call=call)
         raise
     except StepTimeout as exc:
         exc.args = (f"{call}() did not return within rollout.step_timeout={timeout:g} s",)
