@@ -178,7 +178,6 @@ def _iterate(
     cfg = run.cfg
     total, every = cfg.train.iterations, cfg.train.checkpoint_every
     last_saved = state.iteration if saved is not None else None
-    it = state.iteration
     try:
         with (
             progress.training(total, state.iteration) as bar,
