@@ -799,7 +799,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except (ConfigError, UsageError, FileExistsError, FileNotFoundError, ValueError) as exc:
+    except (
+        ConfigError,
+        UsageError,
+        FileExistsError,
+        FileNotFoundError,
+        ValueError,
+        FloatingPointError,
+    ) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
 

@@ -11,6 +11,7 @@ import torch
 
 from credo.envs.base import Task
 from credo.policy.base import Policy, SamplingParams
+from credo.rollout.envguard import env_phase
 from credo.rollout.group import sample_groups
 from credo.rollout.render import Renderer
 from credo.rollout.sampler import SamplerContext
@@ -40,7 +41,11 @@ class EvalResult:
         mean_return: mean episode return.
         invalid_rate: fraction of steps whose action the env rejected.
         mean_turns: mean episode length.
-        errors: episodes that failed because the env raised.
+        errors: episodes that failed because the env raised, hung or returned a value of
+            the wrong type (each one is also written to the run's ``env_errors.jsonl``
+            under ``credo train``).
+        first_error: the first such episode's error (task and the env's own message), or
+            ``None``.
     """
 
     episodes: int
@@ -51,6 +56,7 @@ class EvalResult:
     invalid_rate: float
     mean_turns: float
     errors: int
+    first_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,7 +79,10 @@ def evaluate(
 
     Tasks are ``Task.make(split, first_task + i)``: the same tasks for every policy, so
     two policies are compared on identical held-out tasks. Sampling uses its own seeded
-    generator, so an evaluation does not disturb the training RNG streams.
+    generator, so an evaluation does not disturb the training RNG streams. An env that
+    raises or hangs fails its episode (counted in ``errors``, recorded with phase
+    ``eval``); a non-finite reward stops the evaluation
+    (:class:`~credo.rollout.envguard.EnvFailure`).
     """
     ctx = SamplerContext(
         policy, renderer, make_env, sampling, max_turns, torch.Generator().manual_seed(seed)
@@ -84,11 +93,13 @@ def evaluate(
         tasks = [
             Task.make(split, first_task + i) for i in range(start, min(episodes, start + chunk))
         ]
-        res = sample_groups(ctx, tasks, group_size=1)
+        with env_phase("eval"):
+            res = sample_groups(ctx, tasks, group_size=1)
         eps.extend(res.episodes)
         steps += res.env_steps
         invalid += int((~res.forest.valid).sum()) if res.forest.num_rows else 0
     wins = sum(e.success for e in eps)
+    failed = [e for e in eps if e.error is not None]
     lo, hi = wilson_interval(wins, len(eps))
     return EvalResult(
         episodes=len(eps),
@@ -98,5 +109,6 @@ def evaluate(
         mean_return=sum(e.ret for e in eps) / max(1, len(eps)),
         invalid_rate=invalid / max(1, steps),
         mean_turns=steps / max(1, len(eps)),
-        errors=sum(e.error is not None for e in eps),
+        errors=len(failed),
+        first_error=f"task {failed[0].task_id}: {failed[0].error}" if failed else None,
     )

@@ -13,8 +13,10 @@ first k steps), :func:`restore_runner`
    recorded state key (:func:`~credo.envs.base.check_replay`). The branch's prompt is
    built from the recorded history and observation, so a restore that lands elsewhere
    would make the policy act on a state it is not shown: that is a
-   :class:`~credo.envs.base.RestoreDivergence`. An env that raises while being restored
-   counts as diverged too.
+   :class:`~credo.envs.base.RestoreDivergence`. An env that raises, hangs or returns a
+   non-string observation while being restored is an env error instead
+   (:class:`RestoreEnvError`, recorded like any other and contained: the branch is
+   dropped whatever ``on_restore_divergence`` says).
 
 The runner it returns starts with τ's first k steps (the same :class:`Step` objects),
 history and snapshots, so the branch's first prompt is exactly the prompt τ had at depth
@@ -35,14 +37,21 @@ from typing import Any
 
 from credo.data import Episode
 from credo.envs.base import RestoreDivergence, check_replay, restore_env
-from credo.rollout.group import EpisodeRunner, Trajectory
+from credo.rollout.envguard import EnvCallError, check_observation, env_call, env_phase
+from credo.rollout.group import EpisodeRunner, Trajectory, read_instruction
 
-__all__ = ["DIVERGENCE_POLICIES", "restore_runner", "try_restore"]
+__all__ = ["DIVERGENCE_POLICIES", "RestoreEnvError", "restore_runner", "try_restore"]
 
 #: Accepted values of ``rollout.on_restore_divergence``.
 DIVERGENCE_POLICIES = ("error", "skip")
 
 log = logging.getLogger("credo.rollout")
+
+
+class RestoreEnvError(RestoreDivergence):
+    """The env raised, hung or returned a non-string observation while being restored
+    (``reset``, ``restore`` or the replayed ``step``): an env error, recorded in
+    ``env_errors.jsonl`` like any other, rather than a divergence of a working env."""
 
 
 def restore_runner(
@@ -75,11 +84,17 @@ def restore_runner(
         raise ValueError(f"restore_runner: depth {depth} not in [0, {len(ep.steps)})")
     where = f"(task {src.task.id}, depth {depth})"
     env = make_env()
-    try:
-        obs = env.reset(src.task, env_seed)
+
+    def replay() -> tuple[str, str]:
+        obs = check_observation(env, env.reset(src.task, env_seed), "reset")
         if depth > 0:
             restore_env(env, src.snapshots[depth - 1])
-            obs = env.step(ep.steps[depth - 1].action).observation
+            obs = check_observation(env, env.step(ep.steps[depth - 1].action).observation, "step")
+        return obs, read_instruction(env, src.instruction)
+
+    try:
+        with env_phase("restore"):  # recorded in env_errors.jsonl like any env error
+            obs, instruction = env_call(replay, task=src.task.id, turn=depth, call="restore")
         check_replay(
             env,
             observation=obs,
@@ -89,6 +104,12 @@ def restore_runner(
         )
     except RestoreDivergence:
         raise
+    except EnvCallError as exc:
+        cause = exc.cause
+        raise RestoreEnvError(
+            f"restoring {type(env).__name__} {where} raised {type(cause).__name__}: {cause} "
+            f"[{exc.record.location}]"
+        ) from cause
     except Exception as exc:
         raise RestoreDivergence(
             f"restoring {type(env).__name__} {where} raised {type(exc).__name__}: {exc}"
@@ -98,13 +119,12 @@ def restore_runner(
         src.task,
         src.group,
         Episode(group=src.group, steps=list(ep.steps[:depth]), task_id=src.task.id),
-        instruction=src.instruction,
+        instruction=instruction,  # the goal as it was at that depth
         observation=ep.steps[depth].observation,
         history=list(src.history[:depth]),
         snapshots=list(src.snapshots[:depth]) if keep_snapshots else None,
         source=source,
     )
-    runner.refresh_instruction()  # the goal as it was at that depth
     return runner
 
 
@@ -123,7 +143,10 @@ def try_restore(
 
     ``on_divergence="error"`` lets :class:`RestoreDivergence` propagate; ``"skip"``
     returns ``None``, adds 1 to ``stats["rollout/restore_divergences"]`` and logs a
-    warning. Each call adds the replayed step (depth ≥ 1) to
+    warning. An env that raises while being restored (:class:`RestoreEnvError`) is an
+    env error, not a divergence: whatever the policy, the branch is dropped (``None``),
+    counted in ``stats["rollout/restore_env_errors"]`` and recorded in the run's
+    ``env_errors.jsonl``. Each call adds the replayed step (depth ≥ 1) to
     ``stats["rollout/restore_steps"]``.
     """
     if on_divergence not in DIVERGENCE_POLICIES:
@@ -141,6 +164,10 @@ def try_restore(
             source=source,
             keep_snapshots=keep_snapshots,
         )
+    except RestoreEnvError as exc:  # contained like any env error: the branch is dropped
+        stats["rollout/restore_env_errors"] = stats.get("rollout/restore_env_errors", 0) + 1
+        log.warning("branch dropped: %s", exc)
+        return None
     except RestoreDivergence as exc:
         if on_divergence == "error":
             raise

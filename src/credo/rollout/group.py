@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from credo.data import Episode, ForestBuilder, RolloutForest, Step
-from credo.envs.base import Task, privileged_context, reset_env, snapshot_env, step_env
+from credo.envs.base import Task, privileged_context, snapshot_env, step_env
+from credo.rollout.envguard import EnvCallError, check_observation, check_step_result, env_call
 from credo.rollout.render import Turn
 from credo.rollout.sampler import SamplerContext, register_sampler
 
@@ -44,6 +45,7 @@ __all__ = [
     "RolloutResult",
     "Trajectory",
     "episodes_to_forest",
+    "read_instruction",
     "run_episodes",
     "sample_groups",
     "sample_single",
@@ -160,24 +162,33 @@ class EpisodeRunner:
     forced: ForcedPrefix | None = None
 
     def start(self, seed: int) -> None:
-        try:
-            self.observation = reset_env(self.env, self.task, seed)
-            self.instruction = self.observation
-            self.refresh_instruction()
-        except Exception as exc:  # a user env that raises fails its episode, not the run
-            self.fail("reset", exc)
+        """``reset`` the env on the task (guarded: an env that raises, hangs or returns a
+        non-string observation fails this episode, not the run;
+        :mod:`credo.rollout.envguard`)."""
 
-    def refresh_instruction(self) -> None:
-        """Ask the env for its goal again (it may change, e.g. a shopping list's next
-        item); envs without ``instruction()`` keep their first observation as the goal."""
-        if hasattr(self.env, "instruction"):
-            self.instruction = self.env.instruction()
+        def reset() -> tuple[str, str]:
+            obs = check_observation(self.env, self.env.reset(self.task, seed), "reset")
+            return obs, read_instruction(self.env, obs)
+
+        try:
+            self.observation, self.instruction = env_call(
+                reset, task=self.task.id, turn=0, call="reset"
+            )
+        except EnvCallError as exc:
+            self.fail("reset", exc.cause)
 
     def fail(self, where: str, exc: BaseException) -> None:
         self.episode.error = f"{where}: {type(exc).__name__}: {exc}"
         self.episode.success = False
         self.done = True
-        self._trace = traceback.format_exc(limit=3)
+        self._trace = "".join(traceback.format_exception(exc, limit=3))
+
+
+def read_instruction(env: Any, default: str) -> str:
+    """``env.instruction()`` (which must return a str), or ``default`` for envs without it."""
+    if not hasattr(env, "instruction"):
+        return default
+    return check_observation(env, env.instruction(), "instruction")
 
 
 def start_runners(
@@ -230,15 +241,24 @@ def take_step(
 
     Records a :class:`Step` with the given token data and ``r.source``; ``info`` keeps the
     env's info plus ``abstract_state``/``abstract_next_state``/``progress`` when the env
-    provides them. Takes the snapshot first when ``r.snapshots`` is a list. An env that
-    raises fails the episode (its last recorded step becomes terminal).
+    provides them. Takes the snapshot first when ``r.snapshots`` is a list. The env calls
+    are guarded (:func:`~credo.rollout.envguard.env_call`): an env that raises, hangs or
+    returns a non-string observation fails the episode (its last recorded step becomes
+    terminal); a non-finite reward raises :class:`~credo.rollout.envguard.EnvFailure`.
     """
-    try:
+    turn = len(r.episode.steps) + 1
+
+    def act() -> tuple[Any, str]:
         if r.snapshots is not None:
             r.snapshots.append(snapshot_env(r.env))
         tr = step_env(r.env, action)
-    except Exception as exc:
-        r.fail("step", exc)
+        check_step_result(r.env, tr.result, task=r.task.id, turn=turn)
+        return tr, read_instruction(r.env, r.instruction)
+
+    try:
+        tr, instruction = env_call(act, task=r.task.id, turn=turn, call="step")
+    except EnvCallError as exc:
+        r.fail("step", exc.cause)
         if r.episode.steps:
             r.episode.steps[-1].terminal = True
         return False
@@ -263,7 +283,7 @@ def take_step(
     r.episode.steps.append(step)
     r.history.append(Turn(r.observation, action))
     r.observation = result.observation
-    r.refresh_instruction()
+    r.instruction = instruction
     if result.done:
         r.done = True
         r.episode.success = bool(result.info.get("success", False))

@@ -36,6 +36,7 @@ import torch
 from credo.data import SOURCES, RolloutForest, TokenBatch
 from credo.data.ops import segment_max
 from credo.rollout.branch import try_restore
+from credo.rollout.envguard import EnvCallError, env_call, env_phase
 from credo.rollout.group import RolloutResult, Trajectory, take_step, trajectories_to_forest
 from credo.rollout.sampler import SamplerContext
 
@@ -133,13 +134,19 @@ def add_oracle_continuations(
                 ):
                     break
                 try:
-                    action = runner.env.oracle_action()
-                except Exception:
+                    with env_phase("oracle"):
+                        action = env_call(
+                            runner.env.oracle_action,
+                            task=runner.task.id,
+                            turn=len(runner.episode.steps) + 1,
+                            call="oracle_action",
+                        )
+                except EnvCallError:  # recorded in env_errors.jsonl; the continuation is dropped
                     ok = False
                     break
                 response = renderer.response_ids(action)
-                if (
-                    not take_step(
+                with env_phase("oracle"):
+                    stepped = take_step(
                         runner,
                         action,
                         prompt_ids=renderer.prompt_ids(
@@ -148,8 +155,7 @@ def add_oracle_continuations(
                         response_ids=response,
                         logprobs=[0.0] * len(response),
                     )
-                    or not runner.episode.steps[-1].valid
-                ):
+                if not stepped or not runner.episode.steps[-1].valid:
                     ok = False
                     break
             new = len(runner.episode.steps) - depth

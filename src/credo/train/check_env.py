@@ -331,6 +331,9 @@ def check_round_trip(
     the tokenizer's vocabulary (word-level tokenizers) and, sent as the model would send
     it (:func:`round_trip`), be accepted whenever the raw action is.
 
+    An exception the env raises ends the check of that task only: exceptions are
+    training's to contain, episode by episode.
+
     Raises:
         EnvCheckError: the first action that fails, with the fix.
     """
@@ -340,38 +343,50 @@ def check_round_trip(
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else None
     word_level = vocab is not None and "<unk>" in vocab and len(vocab) < 5000
     for task in tasks:
-        env = make()
-        obs = env.reset(task, 0)
-        for _ in range(_turn_cap(env)):
-            action = env.oracle_action()
-            if word_level:
-                missing = [w for w in split_words(action) if w not in vocab]
-                if missing:
-                    raise EnvCheckError(
-                        f"{type(env).__name__}: the oracle's action {action!r} has words the "
-                        f"built-in tokenizer lacks ({', '.join(missing[:5])}), so the model can "
-                        "never write it: list every word the env accepts in vocabulary()"
-                    )
-            sent = round_trip(action, tokenizer, renderer, env)
-            snap = snapshot_env(env)
-            raw = env.step(action)
-            if sent != action and bool(raw.info.get("valid", True)):
-                probe = make()
-                probe.reset(task, 0)
-                restore_env(probe, snap)
-                res = probe.step(sent)
-                if not bool(res.info.get("valid", True)):
-                    raise EnvCheckError(
-                        f"{type(env).__name__}.step() accepts the oracle's {action!r} but "
-                        f"rejects {sent!r}, which is what it receives when the model writes "
-                        "that action (the tokenizer splits words and punctuation and joins "
-                        "them with spaces): parse actions with the spaces, e.g. "
-                        "action.replace('[', ' ').replace(']', ' ').split()"
-                    )
-            obs = raw.observation
-            if raw.done:
-                break
-        del obs
+        try:
+            _round_trip_task(make, task, tokenizer, renderer, vocab if word_level else None)
+        except EnvCheckError:
+            raise
+        except Exception:  # the env raised: not a protocol problem, training contains it
+            continue
+
+
+def _round_trip_task(
+    make: Callable[[], Any], task: Task, tokenizer: Any, renderer: Any, vocab: Any
+) -> None:
+    """:func:`check_round_trip` on one task (``vocab``: a word-level vocabulary to check
+    the oracle's words against, or ``None``)."""
+    word_level = vocab is not None
+    env = make()
+    env.reset(task, 0)
+    for _ in range(_turn_cap(env)):
+        action = env.oracle_action()
+        if word_level:
+            missing = [w for w in split_words(action) if w not in vocab]
+            if missing:
+                raise EnvCheckError(
+                    f"{type(env).__name__}: the oracle's action {action!r} has words the "
+                    f"built-in tokenizer lacks ({', '.join(missing[:5])}), so the model can "
+                    "never write it: list every word the env accepts in vocabulary()"
+                )
+        sent = round_trip(action, tokenizer, renderer, env)
+        snap = snapshot_env(env)
+        raw = env.step(action)
+        if sent != action and bool(raw.info.get("valid", True)):
+            probe = make()
+            probe.reset(task, 0)
+            restore_env(probe, snap)
+            res = probe.step(sent)
+            if not bool(res.info.get("valid", True)):
+                raise EnvCheckError(
+                    f"{type(env).__name__}.step() accepts the oracle's {action!r} but "
+                    f"rejects {sent!r}, which is what it receives when the model writes "
+                    "that action (the tokenizer splits words and punctuation and joins "
+                    "them with spaces): parse actions with the spaces, e.g. "
+                    "action.replace('[', ' ').replace(']', ' ').split()"
+                )
+        if raw.done:
+            break
 
 
 def check_env(

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
+
+from credo.utils.atomic import write_text_atomic
 
 __all__ = ["MetricsLog", "curves_figure", "plot_curves", "read_metrics"]
 
@@ -13,35 +16,57 @@ __all__ = ["MetricsLog", "curves_figure", "plot_curves", "read_metrics"]
 class MetricsLog:
     """Appends one JSON line per iteration and mirrors scalars to TensorBoard.
 
+    Each record is appended with one ``write`` system call, so a kill leaves at most a
+    torn last line (which :func:`read_metrics` skips and the next resume drops).
+
     Args:
         run_dir: the run folder.
-        resume_from: on resume, drop lines with ``iteration >= resume_from`` first, so
-            the log of a resumed run equals that of an uninterrupted one.
+        resume_from: keep only the lines with ``iteration < resume_from`` (rewritten
+            atomically), so that the log of a resumed run equals that of an
+            uninterrupted one; 0 (a fresh run, or a resume before the first checkpoint)
+            starts an empty log; ``None`` keeps the file as it is. Iterations missing
+            below ``resume_from`` (a file cut short) are listed in :attr:`missing`.
+        purge_step: TensorBoard events at this x value and later, written before, are
+            discarded by TensorBoard (``SummaryWriter(purge_step=...)``). The scalars are
+            logged against ``rollout/env_steps_total``, so a resume from a checkpoint
+            taken at ``E`` env steps passes ``E + 1``; ``None`` purges nothing.
         tensorboard: also write TensorBoard events (default true).
+
+    Attributes:
+        missing: iterations below ``resume_from`` that the file lacked.
     """
 
     def __init__(
-        self, run_dir: Path, *, resume_from: int | None = None, tensorboard: bool = True
+        self,
+        run_dir: Path,
+        *,
+        resume_from: int | None = None,
+        purge_step: int | None = None,
+        tensorboard: bool = True,
     ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
-        if resume_from is not None and self.path.exists():
+        self.missing: list[int] = []
+        if resume_from is not None and (resume_from == 0 or self.path.exists()):
             kept = [r for r in read_metrics(self.path) if r.get("iteration", -1) < resume_from]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            seen = {r.get("iteration") for r in kept}
+            self.missing = [i for i in range(resume_from) if i not in seen]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(
-                    str(Path(run_dir) / "tensorboard"),
-                    purge_step=resume_from if resume_from is not None else None,
-                )
+                self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=purge_step)
             except ImportError:  # tensorboard is optional at run time
                 self._tb = None
 
     def write(self, record: dict[str, Any]) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        line = (json.dumps(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
         if self._tb is not None:
             step = int(record.get("rollout/env_steps_total", record.get("iteration", 0)))
             for k, v in record.items():

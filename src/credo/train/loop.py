@@ -5,8 +5,18 @@ creates any folder, so a wrong env or model stops at once; it then warm-starts
 (:func:`~credo.train.warmstart.start_policy`), starts or resumes the training state
 (:class:`~credo.train.state.TrainState`), runs ``train.iterations`` iterations of
 :func:`~credo.train.iteration.run_iteration`, checkpointing as it goes, and ends with the
-held-out evaluation of the trained policy. A first Ctrl-C finishes the current iteration
-and saves a checkpoint; ``--resume`` continues the run exactly.
+held-out evaluation of the trained policy. A first Ctrl-C (or SIGTERM) finishes the
+current iteration and saves a checkpoint; ``--resume`` continues the run exactly.
+
+What keeps a run safe: the run folder is locked (:class:`~credo.utils.lock.RunLock`)
+before any work in it, so two runs never share one; every file is written by
+temp-and-rename (``config.yaml``, checkpoints, ``latest``, the rewritten
+``metrics.jsonl``; new metrics lines are single appends); env calls are guarded
+(:mod:`credo.rollout.envguard`: exceptions, hangs past ``rollout.step_timeout`` and
+wrong types fail one episode and are written to ``env_errors.jsonl``, the first few
+shown); a non-finite reward stops the run with a checkpoint of the iteration's start; a
+Ctrl-C or SIGTERM during set-up, the warm start or the final evaluation stops with one
+line and the resume command, also under ``--quiet``.
 """
 
 from __future__ import annotations
@@ -22,17 +32,19 @@ from typing import Any
 import yaml
 
 from credo.eval.evaluate import EvalResult
-from credo.train.checkpoint import latest_checkpoint
+from credo.rollout.envguard import EnvErrorLog, EnvFailure, env_guard
+from credo.train.checkpoint import clean_partial, latest_checkpoint, restore_rng, rng_snapshot
 from credo.train.config import Config
 from credo.train.health import HealthMonitor
 from credo.train.iteration import run_iteration
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
-from credo.train.progress import Progress, StopOnInterrupt
+from credo.train.progress import Progress, StopOnInterrupt, interrupt_on_term
 from credo.train.run import Run, build_run
 from credo.train.state import TrainState
 from credo.train.teaching import check_teacher_inputs
 from credo.train.warmstart import start_policy
 from credo.utils.atomic import write_text_atomic
+from credo.utils.lock import RunLock, pid_alive
 
 __all__ = ["TrainResult", "train"]
 
@@ -66,47 +78,84 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     Args:
         cfg: the run config (for ``resume``, the one saved in the run folder).
         resume: a run folder to continue from its latest checkpoint.
-        quiet: no progress bar (tests, benchmarks).
+        quiet: no progress bar (tests, benchmarks); errors and the resume hint are
+            still printed.
+
+    Raises:
+        RunLocked: another live process works in the run folder.
+        FileExistsError: a fresh run's folder already holds a run.
+        EnvFailure: the env broke the run (a non-finite reward, every warm-start
+            demonstration failing, an iteration that failed after env errors); the
+            message starts with the env's own error.
     """
     t_start = time.perf_counter()
-    run = build_run(cfg)
-    check_teacher_inputs(cfg, run.policy)  # a bad teacher stops before the run folder exists
-    run_dir = Path(resume) if resume else _new_run_dir(cfg)
-    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     progress = Progress(enabled=not quiet)
-    checkpoint = latest_checkpoint(run_dir) if resume else None
-    policy, warm = start_policy(run, run_dir, resuming=checkpoint is not None, progress=progress)
-    state = TrainState.start(run, run_dir, policy, checkpoint)
-    log = MetricsLog(run_dir, resume_from=state.iteration if checkpoint is not None else None)
-    total, interrupted = cfg.train.iterations, False
-    health = HealthMonitor(cfg)  # warns when a run learns nothing (credo.train.health)
+    run_dir = Path(resume) if resume else _run_dir_for(cfg)
+    lock: RunLock | None = None
     try:
-        with progress.training(total, state.iteration) as bar, StopOnInterrupt() as stop:
-            for it in range(state.iteration, total):
-                record = run_iteration(run, state, it)
-                log.write(record)
-                health.observe(record)
-                bar.update(state.iteration, record)
-                done = state.iteration
-                if done % cfg.train.checkpoint_every == 0 or done == total or stop.requested:
-                    state.save(run_dir, cfg.train.keep_checkpoints)
-                if stop.requested:
-                    interrupted = True
-                    progress.say(
-                        f"stopped: checkpoint saved after iteration {done}; continue "
-                        f"with: credo train --resume {run_dir}"
-                    )
-                    break
-    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, keep the last checkpoint
-        interrupted = True
-        last = latest_checkpoint(run_dir)
-        progress.say(
-            f"interrupted at once; resume continues from {last or 'the start'}: "
-            f"credo train --resume {run_dir}"
-        )
+        with interrupt_on_term():
+            if resume:  # the folder exists: lock it before any work
+                lock = _lock(run_dir, progress)
+            run = build_run(cfg)
+            check_teacher_inputs(cfg, run.policy)  # a bad teacher stops before any folder
+            if not resume:  # a wrong env or model has stopped before any folder exists
+                lock = _new_run_dir(run_dir, progress)
+    except KeyboardInterrupt:
+        if lock is not None:
+            lock.release()
+        progress.warn("interrupted during set-up; nothing was trained")
+        return TrainResult(run_dir, 0, None, None, True, time.perf_counter() - t_start)
+    assert lock is not None  # taken above for both a fresh and a resumed run
+    try:
+        return _train_locked(run, run_dir, resume is not None, progress, t_start)
     finally:
-        log.close()
-    final = None if interrupted else _finish(run, state, run_dir, progress)
+        lock.release()
+
+
+def _train_locked(
+    run: Run, run_dir: Path, resuming: bool, progress: Progress, t_start: float
+) -> TrainResult:
+    """:func:`train` once the run is built and its folder locked."""
+    cfg = run.cfg
+    errors = EnvErrorLog(run_dir / "env_errors.jsonl", say=progress.warn)
+    with env_guard(step_timeout=cfg.rollout.step_timeout, log=errors):
+        try:
+            with interrupt_on_term():
+                _write_config(run_dir, cfg)
+                clean_partial(run_dir)
+                checkpoint = latest_checkpoint(run_dir) if resuming else None
+                policy, warm = start_policy(
+                    run, run_dir, resuming=checkpoint is not None, progress=progress
+                )
+                state = TrainState.start(run, run_dir, policy, checkpoint)
+        except KeyboardInterrupt:
+            progress.warn(
+                "interrupted before the first iteration (the warm start is cached once "
+                f"finished); start again with: credo train --resume {run_dir}"
+            )
+            return TrainResult(run_dir, 0, None, None, True, time.perf_counter() - t_start)
+        log = MetricsLog(
+            run_dir,
+            resume_from=state.iteration,
+            purge_step=state.env_steps_total + 1 if resuming else None,
+        )
+        if log.missing:
+            progress.warn(
+                f"warning: {log.path} lacks iterations {log.missing} (the file was cut "
+                "short); they stay missing, the run continues"
+            )
+        interrupted = _iterate(run, state, run_dir, log, errors, progress, saved=checkpoint)
+        final = None
+        if not interrupted:
+            try:
+                with interrupt_on_term():
+                    final = _finish(run, state, run_dir, progress)
+            except KeyboardInterrupt:
+                interrupted = True
+                progress.warn(
+                    "interrupted during the final evaluation; redo it with: "
+                    f"credo train --resume {run_dir}"
+                )
     metrics = read_metrics(run_dir / "metrics.jsonl")
     if metrics:
         start = "warm start (SFT)" if cfg.sft.enabled else "initial policy (no warm start)"
@@ -124,6 +173,114 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     return TrainResult(run_dir, len(metrics), warm, final, interrupted, seconds, metrics)
 
 
+def _iterate(
+    run: Run,
+    state: TrainState,
+    run_dir: Path,
+    log: MetricsLog,
+    errors: EnvErrorLog,
+    progress: Progress,
+    *,
+    saved: Path | None,
+) -> bool:
+    """The iterations, checkpointing as configured; returns whether the run was
+    interrupted. A first Ctrl-C or SIGTERM stops after the iteration under way (saved);
+    a second stops at once (the last checkpoint stays)."""
+    cfg = run.cfg
+    total, every = cfg.train.iterations, cfg.train.checkpoint_every
+    last_saved = state.iteration if saved is not None else None
+    health = HealthMonitor(cfg)  # warns when a run learns nothing (credo.train.health)
+    try:
+        with (
+            progress.training(total, state.iteration) as bar,
+            StopOnInterrupt(progress.warn) as stop,
+        ):
+            for it in range(state.iteration, total):
+                rng, errors_before = rng_snapshot(), (errors.count, len(errors.records))
+                try:
+                    record = run_iteration(run, state, it)
+                except Exception as exc:
+                    if state.iteration == it and last_saved != it and isinstance(exc, EnvFailure):
+                        # nothing of this iteration was applied: save the state it started
+                        # from, with the RNG states it started with
+                        restore_rng(rng)
+                        state.save(run_dir, cfg.train.keep_checkpoints)
+                        last_saved = it
+                    raise _iteration_error(exc, it, errors, errors_before, run_dir) from exc
+                log.write(record)
+                health.observe(record)
+                errors.flush()
+                bar.update(state.iteration, record)
+                done = state.iteration
+                if done % every == 0 or done == total or stop.requested:
+                    state.save(run_dir, cfg.train.keep_checkpoints)
+                    last_saved = done
+                if stop.requested:
+                    progress.warn(
+                        f"stopped: checkpoint saved after iteration {done}; continue "
+                        f"with: credo train --resume {run_dir}"
+                    )
+                    return True
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, keep the last checkpoint
+        last = latest_checkpoint(run_dir)
+        progress.warn(
+            f"interrupted at once; resume continues from {last or 'the start'}: "
+            f"credo train --resume {run_dir}"
+        )
+        return True
+    finally:
+        log.close()
+        errors.flush()
+    return False
+
+
+def _iteration_error(
+    exc: Exception, it: int, errors: EnvErrorLog, before: tuple[int, int], run_dir: Path
+) -> Exception:
+    """The error the user sees when iteration ``it`` fails: the env's own error first
+    when the env failed in it (rather than what that caused downstream, e.g. a forest
+    without token data), and where the run can continue from. ``before``: the log's
+    ``(count, len(records))`` when the iteration started."""
+    last = latest_checkpoint(run_dir)
+    resume = (
+        f"resume continues after {last.name}: credo train --resume {run_dir}"
+        if last is not None
+        else f"no checkpoint yet; start again with: credo train --resume {run_dir}"
+    )
+    if isinstance(exc, EnvFailure):
+        return EnvFailure(f"iteration {it}: {exc}. {resume}")
+    new = errors.count - before[0]
+    if new > 0:
+        first = errors.records[before[1]] if len(errors.records) > before[1] else None
+        what = first.line() if first is not None else "see env_errors.jsonl"
+        return EnvFailure(
+            f"iteration {it} failed after the env raised {new} time(s) in it; the env's first "
+            f"error: {what} (all in {errors.path}); the iteration then stopped with "
+            f"{type(exc).__name__}: {exc}. {resume}"
+        )
+    return exc
+
+
+def _write_config(run_dir: Path, cfg: Config) -> None:
+    """``config.yaml``, rewritten atomically and only when it changes."""
+    path = run_dir / "config.yaml"
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    if not path.exists() or path.read_text() != text:
+        write_text_atomic(path, text)
+
+
+def _lock(run_dir: Path, progress: Progress) -> RunLock:
+    """Lock ``run_dir`` (:class:`~credo.utils.lock.RunLock`), saying so when a dead
+    process's lock is taken over."""
+    lock = RunLock(run_dir).acquire()
+    if lock.stale is not None and not pid_alive(int(lock.stale.get("pid", 0))):
+        progress.warn(
+            f"note: {run_dir} was locked by process {lock.stale.get('pid')}, which is no "
+            "longer running; lock taken over"
+        )
+    return lock
+
+
 def _finish(run: Run, state: TrainState, run_dir: Path, progress: Progress) -> EvalResult:
     """The trained policy's held-out evaluation (``final_eval.json``) and its weights
     (``final_policy/``)."""
@@ -134,16 +291,22 @@ def _finish(run: Run, state: TrainState, run_dir: Path, progress: Progress) -> E
     return final
 
 
-def _new_run_dir(cfg: Config) -> Path:
-    """A new run folder: ``train.name``, or ``<recipe>-<env>-<time>`` (the env name made
+def _run_dir_for(cfg: Config) -> Path:
+    """A new run's folder: ``train.name``, or ``<recipe>-<env>-<time>`` (the env name made
     safe for a folder name: ``pkg/mod.py:Env`` → ``pkg.mod.py.Env``)."""
     env = re.sub(r"[^A-Za-z0-9_.-]+", ".", cfg.env.name).strip(".")
     name = cfg.train.name or f"{cfg.recipe}-{env}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(cfg.train.runs_dir) / name
+    return Path(cfg.train.runs_dir) / name
+
+
+def _new_run_dir(run_dir: Path, progress: Progress) -> RunLock:
+    """Create and lock a new run's folder; refuse a folder that holds a run already."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(run_dir, progress)
     if (run_dir / "metrics.jsonl").exists():
+        lock.release()
         raise FileExistsError(
             f"{run_dir} already holds a run; use --resume {run_dir} to continue it or pick "
             "another train.name"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return lock

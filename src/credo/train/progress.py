@@ -1,4 +1,5 @@
-"""The terminal display (rich): phases with a bar, the training bar, and Ctrl-C handling."""
+"""The terminal display (rich): phases with a bar, the training bar, and Ctrl-C/SIGTERM
+handling."""
 
 from __future__ import annotations
 
@@ -19,36 +20,64 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
-__all__ = ["Progress", "StopOnInterrupt"]
+__all__ = ["STOP_SIGNALS", "Progress", "StopOnInterrupt", "interrupt_on_term"]
+
+
+#: The signals a run treats as "stop": Ctrl-C, and what schedulers and containers send.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class StopOnInterrupt:
-    """First Ctrl-C: ask the loop to stop after the current iteration (it checkpoints);
-    a second Ctrl-C: raise ``KeyboardInterrupt`` at once."""
+    """First Ctrl-C (or SIGTERM): ask the loop to stop after the current iteration (it
+    checkpoints); a second one: raise ``KeyboardInterrupt`` at once.
 
-    def __init__(self) -> None:
+    Args:
+        say: prints the one-line notice (default: standard error).
+    """
+
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
         self.requested = False
-        self._old: Any = None
+        self._say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+        self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print(
-            "\nCtrl-C: finishing this iteration and saving a checkpoint "
-            "(press Ctrl-C again to stop at once)",
-            file=sys.stderr,
-            flush=True,
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        self._say(
+            f"\n{name}: finishing this iteration and saving a checkpoint "
+            "(press Ctrl-C again to stop at once)"
         )
 
     def __enter__(self) -> StopOnInterrupt:
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._handler)
+            for sig in STOP_SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handler)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
+@contextmanager
+def interrupt_on_term() -> Iterator[None]:
+    """Within this block SIGTERM raises ``KeyboardInterrupt`` like Ctrl-C does (set-up,
+    warm start, final evaluation: there is no iteration to finish)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 class _Bar:
@@ -77,6 +106,14 @@ class Progress:
     def say(self, message: str) -> None:
         if self.enabled:
             self.console.print(message)
+
+    def warn(self, message: str) -> None:
+        """Print ``message`` even when the display is off (``--quiet``): errors, the
+        resume hint. Plain text (no markup), one line."""
+        if self.enabled:
+            self.console.print(message, markup=False, highlight=False)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
     def _progress(self) -> RichProgress:
         return RichProgress(

@@ -21,6 +21,15 @@ import torch
 from credo.data import Episode, Step
 from credo.envs.base import Task, step_env
 from credo.policy.hf import HFPolicy
+from credo.rollout.envguard import (
+    EnvCallError,
+    EnvFailure,
+    check_observation,
+    check_step_result,
+    env_call,
+    env_phase,
+)
+from credo.rollout.group import read_instruction
 from credo.rollout.render import Renderer, Turn
 
 __all__ = ["Demonstrations", "SFTStats", "collect_demonstrations", "sft_train"]
@@ -54,9 +63,17 @@ def collect_demonstrations(
 ) -> Demonstrations:
     """Roll out the ε-noisy oracle on training tasks ``first_task ..``.
 
+    Every env call is guarded (:mod:`credo.rollout.envguard`, phase ``warm start``): an
+    episode whose env raises, hangs past ``rollout.step_timeout`` or returns a
+    non-string observation is left out (and recorded), and the env is built afresh for
+    the next one, since its state is unknown. Failed episodes count as unsolved in
+    ``success_rate``.
+
     Raises:
         ValueError: the env has no ``oracle_action`` (a warm start needs one; disable
             it with ``sft.enabled=false`` for such envs).
+        EnvFailure: every episode failed (the message shows the env's first error), or
+            the env returned a non-finite reward.
     """
     rng = random.Random(seed)
     out, wins = [], 0
@@ -67,44 +84,77 @@ def collect_demonstrations(
             "(set sft.enabled=false to train from the model as it is)"
         )
     noisy = epsilon > 0 and hasattr(env, "sample_action")
+    first_error: EnvCallError | None = None
     for i in range(episodes):
         task = Task.make("train", first_task + i)
-        obs = env.reset(task, 0)
-        instruction = env.instruction() if hasattr(env, "instruction") else obs
-        history: list[Turn] = []
-        ep = Episode(group=i, steps=[], task_id=task.id)
-        for _ in range(max_turns):
-            action = (
-                env.sample_action(rng) if noisy and rng.random() < epsilon else env.oracle_action()
-            )
-            prompt = renderer.prompt_ids(instruction, history, obs)
-            tr = step_env(env, action)
-            res = tr.result
-            ep.steps.append(
-                Step(
-                    observation=obs,
-                    action=action,
-                    reward=res.reward,
-                    terminal=res.done,
-                    valid=bool(res.info.get("valid", True)),
-                    state=tr.state,
-                    next_state=tr.next_state,
-                    source="oracle",
-                    prompt_ids=prompt,
-                    response_ids=renderer.response_ids(action),
-                    info=tr.info,
-                )
-            )
-            history.append(Turn(obs, action))
-            obs = res.observation
-            if hasattr(env, "instruction"):  # the goal may change (a shopping list's next item)
-                instruction = env.instruction()
-            if res.done:
-                ep.success = bool(res.info.get("success", False))
-                break
+        try:
+            with env_phase("warm start"):
+                ep = _demonstrate(env, renderer, task, i, rng, epsilon if noisy else 0.0, max_turns)
+        except EnvCallError as exc:
+            first_error = first_error or exc
+            env = make_env()
+            continue
         wins += ep.success
         out.append(ep)
+    if not out and first_error is not None:
+        raise EnvFailure(
+            f"every one of the {episodes} warm-start demonstration episodes failed in the "
+            f"env; the first: {first_error.record.line()}"
+        )
     return Demonstrations(out, wins / max(1, episodes))
+
+
+def _demonstrate(
+    env: Any,
+    renderer: Renderer,
+    task: Task,
+    group: int,
+    rng: random.Random,
+    epsilon: float,
+    max_turns: int,
+) -> Episode:
+    """One ε-noisy oracle episode of ``task`` in ``env`` (every env call guarded)."""
+
+    def reset() -> tuple[str, str]:
+        obs = check_observation(env, env.reset(task, 0), "reset")
+        return obs, read_instruction(env, obs)
+
+    obs, instruction = env_call(reset, task=task.id, turn=0, call="reset")
+    history: list[Turn] = []
+    ep = Episode(group=group, steps=[], task_id=task.id)
+    for turn in range(1, max_turns + 1):
+
+        def act(turn: int = turn, instruction: str = instruction) -> tuple[str, Any, str]:
+            explore = epsilon > 0 and rng.random() < epsilon
+            action = env.sample_action(rng) if explore else env.oracle_action()
+            tr = step_env(env, action)
+            check_step_result(env, tr.result, task=task.id, turn=turn)
+            return action, tr, read_instruction(env, instruction)
+
+        prompt = renderer.prompt_ids(instruction, history, obs)
+        action, tr, next_instruction = env_call(act, task=task.id, turn=turn, call="step")
+        res = tr.result
+        ep.steps.append(
+            Step(
+                observation=obs,
+                action=action,
+                reward=res.reward,
+                terminal=res.done,
+                valid=bool(res.info.get("valid", True)),
+                state=tr.state,
+                next_state=tr.next_state,
+                source="oracle",
+                prompt_ids=prompt,
+                response_ids=renderer.response_ids(action),
+                info=tr.info,
+            )
+        )
+        history.append(Turn(obs, action))
+        obs, instruction = res.observation, next_instruction  # the goal may change
+        if res.done:
+            ep.success = bool(res.info.get("success", False))
+            break
+    return ep
 
 
 @dataclass

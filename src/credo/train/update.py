@@ -373,6 +373,12 @@ def _minibatch_step(
     grad_norm = torch.nn.utils.clip_grad_norm_(
         trainable_parameters(ctx.policy.model), cfg.optim.grad_clip
     )
+    if not torch.isfinite(grad_norm):  # stepping would write NaN into every weight
+        raise FloatingPointError(
+            f"iteration {iteration}: the gradient norm is {float(grad_norm)} (loss "
+            f"{metrics['loss/total']:.4g}); the optimizer step was not taken. Resume from the "
+            "last checkpoint with a lower optim.lr, or check the rewards and advantages"
+        )
     ctx.optimizer.step()
     metrics["policy/grad_norm"] = float(grad_norm)
     return metrics

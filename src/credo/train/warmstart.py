@@ -24,6 +24,7 @@ from credo.envs.base import resolve_env
 from credo.eval.evaluate import EvalResult
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import merge_lora
+from credo.rollout.envguard import DEFAULT_STEP_TIMEOUT
 from credo.train.config import Config, config_hash
 from credo.train.progress import Progress
 from credo.train.run import Run, add_adapters, max_new_tokens
@@ -236,6 +237,8 @@ def _eval_cache(run: Run, key: str) -> Path:
             del rollout[k]
     if not rollout["chat_examples"]:
         del rollout["chat_examples"]
+    if rollout.get("step_timeout") == DEFAULT_STEP_TIMEOUT:
+        del rollout["step_timeout"]
     name = config_hash({"warm": key, "eval": asdict(cfg.eval), "rollout": rollout})
     return cache_dir() / "warmstart" / key / f"eval-{name}.json"
 
@@ -273,7 +276,7 @@ def start_policy(
             "demo_success": ws.demo_success,
             "seconds": ws.seconds,
         }
-        cache = _eval_cache(run, ws.key)
+        cache = _eval_cache(run, ws.key) if cfg.sft.cache else None
     if cache is not None and cache.exists():
         warm_eval = EvalResult(**json.loads(cache.read_text()))
     else:

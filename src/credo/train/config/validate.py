@@ -130,6 +130,15 @@ def _rollout(cfg: Config) -> None:
         },
     )
     _in_range("rollout.top_p", r.top_p, 0, 1, open_low=True)
+    if r.step_timeout is not None and (
+        isinstance(r.step_timeout, bool)
+        or not isinstance(r.step_timeout, (int, float))
+        or not 0 <= r.step_timeout < float("inf")
+    ):
+        raise ConfigError(
+            f"rollout.step_timeout must be a number of seconds ≥ 0 (0 or null: no limit), "
+            f"got {r.step_timeout!r}"
+        )
     if r.train_tasks < r.tasks_per_iter:
         raise ConfigError(
             f"rollout.train_tasks={r.train_tasks} is smaller than rollout.tasks_per_iter="
