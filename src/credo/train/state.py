@@ -23,6 +23,7 @@ from credo.policy.lora import shared_reference, trainable_parameters
 from credo.policy.tiny import is_tiny
 from credo.rollout import SamplerContext, make_sampler_state, sample_groups, sampler_params
 from credo.rollout.group import episodes_to_forest
+from credo.tasks import TaskSource, TaskSourceContext, make_task_source
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
@@ -42,6 +43,7 @@ class TrainState:
         sampler_state: a stateful sampler's state, or ``None``.
         iteration: iterations completed.
         env_steps_total: env steps taken by all iterations so far.
+        tasks: the task source (``tasks.source``; RODS's buffer is state too).
     """
 
     policy: HFPolicy
@@ -51,6 +53,7 @@ class TrainState:
     sampler_state: Any
     iteration: int = 0
     env_steps_total: int = 0
+    tasks: TaskSource | None = None
 
     @classmethod
     def start(
@@ -91,11 +94,15 @@ class TrainState:
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
         )
-        state = cls(policy, optimizer, reference, est_state, smp_state)
+        state = cls(policy, optimizer, reference, est_state, smp_state, tasks=_task_source(run))
         if checkpoint is not None:
             saved = load_checkpoint(checkpoint, optimizer)
             state.iteration, state.env_steps_total = saved["iteration"], saved["env_steps_total"]
-            for obj, key in ((est_state, "estimator_state"), (smp_state, "sampler_state")):
+            for obj, key in (
+                (est_state, "estimator_state"),
+                (smp_state, "sampler_state"),
+                (state.tasks, "task_source"),
+            ):
                 if obj is not None and saved.get(key) is not None:
                     obj.load_state_dict(saved[key])
             return state
@@ -116,9 +123,17 @@ class TrainState:
                 "env_steps_total": self.env_steps_total,
                 "estimator_state": _state_dict(self.estimator_state),
                 "sampler_state": _state_dict(self.sampler_state),
+                "task_source": _state_dict(self.tasks),
             },
             keep=keep,
         )
+
+
+def _task_source(run: Run) -> TaskSource:
+    """The task source ``tasks.source`` names, for this run's pool and env."""
+    r = run.cfg.rollout
+    ctx = TaskSourceContext(r.train_tasks, r.tasks_per_iter, run.make_env)
+    return make_task_source(run.cfg.tasks.source, run.cfg.tasks.params, ctx)
 
 
 def _state_dict(obj: Any) -> Any:
