@@ -16,7 +16,8 @@ demonstrations, SERO oracle continuations), ``progress() -> float`` in [0, 1],
 list[str]`` (every word the env can print or accept, for the built-in word-level
 tokenizer), ``is_tool_call(action) -> bool`` and ``action_format() -> str`` (rules shown
 to chat models), ``privileged_context(kind) -> str | None`` (below), ``similar_task(task,
-rng) -> Task`` (below).
+rng) -> Task`` (below), ``task_difficulty() -> str`` (the current task's difficulty
+label, for the per-difficulty breakdown of ``credo eval``; ``tools``: its number of calls).
 
 ``similar_task(task: Task, rng: random.Random) -> Task`` returns "a task like this one":
 a new training task with the same structure as ``task`` (the same task graph or API

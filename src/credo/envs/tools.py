@@ -883,6 +883,11 @@ class ToolsEnv:
         i = next((j for j, st in enumerate(path) if stage in st), 0)
         return (k + i / len(path)) / n
 
+    def task_difficulty(self) -> str:
+        """The current task's difficulty for evaluation breakdowns: its oracle's number
+        of calls, closing ``done{}`` included (``"5 calls"``)."""
+        return f"{FAMILIES[self.family].calls()} calls"
+
     def similar_task(self, task: Task, rng: random.Random) -> Task:
         """A training task like ``task``: the same family (lookup and requests, i.e. the
         same call topology) with new customers, orders, ids, amounts and wording (RODS's
