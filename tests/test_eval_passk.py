@@ -119,3 +119,17 @@ def test_cli_eval_with_trials(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "pass@k" in out and "pass^k" in out and "trials)" in out
     assert main([*args, "--episodes", "2", "--trials", "2", "--k", "3"]) != 0
     assert "k=3 needs k in 1..2" in capsys.readouterr().err
+
+
+def test_compare_shows_pass_hat_k_when_asked(tmp_path: Path) -> None:
+    from credo.train.compare import RecipeSummary, compare, summary_table_rows
+
+    s = RecipeSummary("grpo", final=[0.5, 0.7], iteration_s=[1.0], update_s=[0.5])
+    s.pass_hat_k = {"1": [0.5, 0.7], "4": [0.2, 0.3]}
+    cols, rows = summary_table_rows([s])
+    assert cols[-2:] == ["held-out pass^1", "held-out pass^4"]
+    assert rows[0][-2:] == ["60.0%", "25.0%"]
+    plain = RecipeSummary("grpo", final=[0.5], iteration_s=[1.0], update_s=[0.5])
+    assert not any("pass^" in c for c in summary_table_rows([plain])[0])
+    with pytest.raises(ValueError, match=r"k=3 needs k in 1\.\.2"):
+        compare(["grpo"], [0], out_dir=tmp_path, trials=2, ks=(3,))
