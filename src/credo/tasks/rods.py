@@ -72,7 +72,10 @@ class RodsParams:
             relative to 1 for the rest (default 2.0; 1.0 draws uniformly from the buffer).
         signal: the per-episode progress reward: ``progress`` (the env's progress() at
             the end when it reports one, else success; default), ``success`` or
-            ``return`` (clipped to [0, 1]).
+            ``return`` (clipped to [0, 1]). ``tools``' progress is goal-relative (0 after
+            a wrong store action), but ``shop``'s reaches 1 once the cart is full, right
+            items or not: on ``shop`` every finished episode looks mastered, so use
+            ``success`` (or ``return``) there.
     """
 
     seed_pool: int = 64
