@@ -23,8 +23,10 @@ ALLOWED: dict[str, set[str]] = {
     "serve": {"data", "policy", "rollout", "utils"},
     "integrations": {"data", "credit", "objectives", "utils"},
     "eval": {"data", "envs", "policy", "rollout", "utils"},
+    "tasks": {"data", "envs", "utils"},
     "train": {
         "data",
+        "tasks",
         "envs",
         "policy",
         "rollout",

@@ -3,7 +3,7 @@
 credo train [--recipe grpo] [--env shop] [--model NAME_OR_PATH] [key.sub=value ...]
 credo train --resume RUN_DIR [train.iterations=N]     continue (or extend) a run
 credo sft [--recipe grpo] [key.sub=value ...]       the warm start alone
-credo eval RUN_DIR [--episodes 500] [--greedy]
+credo eval RUN_DIR [--episodes 500] [--greedy] [--trials 8 --k 1,2,4]
 credo eval --model NAME_OR_PATH --env shop [--episodes 50] [key.sub=value ...]
 credo play [--env shop] [--task 0] [key.sub=value ...]   play an env yourself
 credo compare --recipes a,b --seeds 3 [key.sub=value ...]
@@ -306,6 +306,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         episodes=args.episodes,
         greedy=args.greedy,
         overrides=overrides,
+        trials=args.trials,
+        ks=_eval_ks(args),
     )
     console = _console()
     console.print(
@@ -316,9 +318,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
             [[res["label"], *_fmt_eval(res["eval"])]],
         )
     )
+    _print_passk(console, res["eval"])
     if args.json:
         print(json.dumps(res["eval"].to_dict()))
     return 0
+
+
+def _eval_ks(args: argparse.Namespace) -> tuple[int, ...]:
+    """``--k 1,2,4`` (default with ``--trials n > 1``: 1 and n)."""
+    from credo.eval.passk import parse_ks
+
+    if args.k is not None:
+        return parse_ks(args.k)
+    return (1, args.trials) if args.trials > 1 else ()
+
+
+def _print_passk(console: Any, ev: Any) -> None:
+    """The pass@k / pass^k table and the per-difficulty table, when there are any."""
+    if ev.pass_hat_k:
+        rows = [[k, f"{ev.pass_at_k[k]:.1%}", f"{ev.pass_hat_k[k]:.1%}"] for k in ev.pass_hat_k]
+        title = f"pass@k and pass^k ({ev.tasks} tasks × {ev.trials} trials)"
+        console.print(_table(title, ["k", "pass@k", "pass^k"], rows))
+    if ev.by_difficulty:
+        ks = list(ev.pass_hat_k)
+        rows = [
+            [label, str(d["tasks"]), f"{d['success_rate']:.1%}"]
+            + [f"{d['pass_hat_k'][k]:.1%}" for k in ks]
+            for label, d in ev.by_difficulty.items()
+        ]
+        cols = ["difficulty", "tasks", "success", *(f"pass^{k}" for k in ks)]
+        console.print(_table("by difficulty", cols, rows))
 
 
 def cmd_play(args: argparse.Namespace) -> int:
@@ -397,7 +426,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         console.print(f"[{k + 1}/{total}] {recipe}, seed {seed}")
 
     summaries = compare(
-        recipes, seeds, overrides=extra, out_dir=out, reference=args.reference, on_run=on_run
+        recipes,
+        seeds,
+        overrides=extra,
+        out_dir=out,
+        reference=args.reference,
+        on_run=on_run,
+        trials=args.trials,
+        ks=_eval_ks(args),
     )
     cols, rows = summary_table_rows(summaries)
     console.print(_table(f"credo compare: {len(seeds)} seeds, same tasks and budget", cols, rows))
@@ -681,6 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--env", help="env (default: the run's, else shop)")
     e.add_argument("--episodes", type=int, default=500, help="held-out episodes (default 500)")
     e.add_argument("--greedy", action="store_true", help="temperature 0")
+    e.add_argument("--trials", type=int, default=1, help="episodes per task (default 1)")
+    e.add_argument("--k", help="k values of pass@k and pass^k, e.g. 1,2,4 (each ≤ --trials)")
     e.add_argument("--json", action="store_true", help="also print the result as JSON")
     e.set_defaults(func=cmd_eval)
 
@@ -718,6 +756,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--iterations", type=int, help="RL iterations of every run")
     c.add_argument("--reference", help="recipe defining the target success (default grpo)")
     c.add_argument("--out", help="comparison folder (default runs/compare-<time>)")
+    c.add_argument("--trials", type=int, default=1, help="pass^k: episodes per held-out task")
+    c.add_argument("--k", help="show held-out pass^k for these k, e.g. 1,2,4 (each ≤ --trials)")
     c.set_defaults(func=cmd_compare)
 
     cf = _sub(

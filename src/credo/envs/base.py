@@ -15,7 +15,17 @@ demonstrations, SERO oracle continuations), ``progress() -> float`` in [0, 1],
 ``abstract_state_key() -> str`` (a coarse progress stage, for ProAS), ``vocabulary() ->
 list[str]`` (every word the env can print or accept, for the built-in word-level
 tokenizer), ``is_tool_call(action) -> bool`` and ``action_format() -> str`` (rules shown
-to chat models), ``privileged_context(kind) -> str | None`` (below).
+to chat models), ``privileged_context(kind) -> str | None`` (below), ``similar_task(task,
+rng) -> Task`` (below), ``task_difficulty() -> str`` (the current task's difficulty
+label, for the per-difficulty breakdown of ``credo eval``; ``tools``: its number of calls).
+
+``similar_task(task: Task, rng: random.Random) -> Task`` returns "a task like this one":
+a new training task with the same structure as ``task`` (the same task graph or API
+topology) and new entities, names, amounts and wording, its seed drawn with ``rng``
+(:func:`find_variant_seed` draws from a range that no pool, demonstration or held-out
+seed uses). The RODS task source (:mod:`credo.tasks.rods`) spawns such variants of the
+tasks on the policy's capability boundary. It must not change the env's state. (``shop``:
+the first goal's category is kept; ``tools``: the task family is kept.)
 
 ``privileged_context(kind: str) -> str | None`` offers text about the *current* state
 that a teacher may read but the student never sees (on-policy distillation from a
@@ -54,6 +64,7 @@ import copy
 import importlib
 import importlib.util
 import os
+import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +87,7 @@ __all__ = [
     "check_replay",
     "env_names",
     "env_sources",
+    "find_variant_seed",
     "make_env",
     "privileged_context",
     "register_env",
@@ -88,6 +100,8 @@ __all__ = [
 
 #: Seeds of held-out tasks start here; training tasks use seeds below it.
 HELDOUT_SEED_OFFSET = 1_000_000_000
+#: Seeds of spawned variants (``similar_task``) lie in [this, HELDOUT_SEED_OFFSET).
+VARIANT_SEED_OFFSET = 500_000_000
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,20 @@ class Task:
         if split not in ("train", "test"):
             raise ValueError(f"unknown split {split!r}; valid: train, test")
         return Task(split, index if split == "train" else HELDOUT_SEED_OFFSET + index)
+
+
+def find_variant_seed(
+    rng: random.Random, accept: Callable[[int], bool], tries: int = 10_000
+) -> int:
+    """The first seed drawn with ``rng`` from [:data:`VARIANT_SEED_OFFSET`,
+    :data:`HELDOUT_SEED_OFFSET`) that ``accept`` takes: the helper of ``similar_task``
+    (``accept`` checks that the seed generates a task of the wanted structure). Raises
+    ``ValueError`` after ``tries`` refused seeds."""
+    for _ in range(tries):
+        seed = rng.randrange(VARIANT_SEED_OFFSET, HELDOUT_SEED_OFFSET)
+        if accept(seed):
+            return seed
+    raise ValueError(f"no variant seed accepted in {tries} draws")
 
 
 @dataclass

@@ -50,7 +50,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from credo.envs.base import StepResult, Task, register_env
+from credo.envs.base import StepResult, Task, find_variant_seed, register_env
 
 __all__ = [
     "CATEGORIES",
@@ -572,6 +572,15 @@ class ShopEnv:
 
     def restore(self, snap: _State) -> None:
         self._s = replace(snap)
+
+    def similar_task(self, task: Task, rng: random.Random) -> Task:
+        """A training task like ``task``: every shop task of one env config has the same
+        page graph and item count, and the variant also keeps the first goal's category;
+        colours, materials, prices, sizes and distractors are new (RODS's variants)."""
+        kind = random.Random(task.seed).choice(CATEGORIES)  # _generate's first draw
+        return Task(
+            "train", find_variant_seed(rng, lambda s: random.Random(s).choice(CATEGORIES) == kind)
+        )
 
     def is_tool_call(self, action: str) -> bool:
         """``search[...]`` is the shop's tool call (AXPO resamples these)."""

@@ -69,7 +69,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from credo.envs.base import StepResult, Task, register_env
+from credo.envs.base import StepResult, Task, find_variant_seed, register_env
 
 __all__ = [
     "ACTION_TOOLS",
@@ -882,6 +882,21 @@ class ToolsEnv:
         path = self._path(k, req)
         i = next((j for j, st in enumerate(path) if stage in st), 0)
         return (k + i / len(path)) / n
+
+    def task_difficulty(self) -> str:
+        """The current task's difficulty for evaluation breakdowns: its oracle's number
+        of calls, closing ``done{}`` included (``"5 calls"``)."""
+        return f"{FAMILIES[self.family].calls()} calls"
+
+    def similar_task(self, task: Task, rng: random.Random) -> Task:
+        """A training task like ``task``: the same family (lookup and requests, i.e. the
+        same call topology) with new customers, orders, ids, amounts and wording (RODS's
+        variants)."""
+        family = random.Random(task.seed).choice(self.families)  # _generate's first draw
+        return Task(
+            "train",
+            find_variant_seed(rng, lambda s: random.Random(s).choice(self.families) == family),
+        )
 
     def is_tool_call(self, action: str) -> bool:
         """Whether ``action`` calls an API tool (every tool but ``respond``/``done``,

@@ -1,22 +1,32 @@
-"""Held-out evaluation: success over N episodes of N distinct held-out tasks."""
+"""Held-out evaluation: success over N distinct held-out tasks, one or several trials each.
+
+With one trial per task (the default) the result is the success rate with its 95 %
+Wilson interval, the return, the invalid-action rate and the mean turns. With ``trials``
+n > 1 it adds pass@k and pass^k for the requested k ≤ n (:mod:`credo.eval.passk`) and the
+interval becomes a task-level one (trials of one task are not independent). When tasks
+have a difficulty (``task.data["difficulty"]``, or the env's optional
+``task_difficulty()`` after ``reset``), the result breaks success (and pass^k) down by it.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from credo.envs.base import Task
+from credo.eval.passk import check_ks, pass_at_k, pass_hat_k
 from credo.policy.base import Policy, SamplingParams
 from credo.rollout.envguard import env_phase
 from credo.rollout.group import sample_groups
 from credo.rollout.render import Renderer
 from credo.rollout.sampler import SamplerContext
 
-__all__ = ["EvalResult", "evaluate", "wilson_interval"]
+__all__ = ["EvalResult", "evaluate", "task_interval", "wilson_interval"]
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -30,14 +40,25 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def task_interval(rates: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """95 % normal interval of the mean of per-task success rates [T] (the tasks are the
+    independent units when each has several trials), clipped to [0, 1]."""
+    if not rates:
+        return 0.0, 0.0
+    mean = statistics.fmean(rates)
+    half = z * statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1 else 0.0
+    return max(0.0, mean - half), min(1.0, mean + half)
+
+
 @dataclass
 class EvalResult:
     """Held-out metrics.
 
     Attributes:
-        episodes: number of episodes (one per held-out task).
-        success_rate: fraction solved.
-        ci_low, ci_high: 95 % Wilson interval of the success rate.
+        episodes: number of episodes (tasks × trials).
+        success_rate: fraction solved (= pass@1 = pass^1).
+        ci_low, ci_high: its 95 % interval: Wilson's with one trial per task, else
+            :func:`task_interval` over the per-task rates.
         mean_return: mean episode return.
         invalid_rate: fraction of steps whose action the env rejected.
         mean_turns: mean episode length.
@@ -46,6 +67,12 @@ class EvalResult:
             under ``credo train``).
         first_error: the first such episode's error (task and the env's own message), or
             ``None``.
+        tasks: distinct held-out tasks.
+        trials: n, trials per task.
+        pass_at_k, pass_hat_k: pass@k and pass^k by k (keys are k as strings, as in
+            JSON); empty unless k values were asked for.
+        by_difficulty: per task difficulty: ``{"tasks", "success_rate", "pass_hat_k"}``;
+            empty when tasks have no difficulty.
     """
 
     episodes: int
@@ -57,6 +84,11 @@ class EvalResult:
     mean_turns: float
     errors: int
     first_error: str | None = None
+    tasks: int = 0
+    trials: int = 1
+    pass_at_k: dict[str, float] = field(default_factory=dict)
+    pass_hat_k: dict[str, float] = field(default_factory=dict)
+    by_difficulty: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,33 +106,49 @@ def evaluate(
     seed: int = 0,
     chunk: int = 256,
     first_task: int = 0,
+    trials: int = 1,
+    ks: Sequence[int] = (),
 ) -> EvalResult:
-    """Run one episode on each of ``episodes`` tasks of ``split`` and report metrics.
+    """Run ``trials`` episodes on each of ``episodes`` tasks of ``split`` and report
+    metrics.
 
     Tasks are ``Task.make(split, first_task + i)``: the same tasks for every policy, so
     two policies are compared on identical held-out tasks. Sampling uses its own seeded
     generator, so an evaluation does not disturb the training RNG streams. An env that
     raises or hangs fails its episode (counted in ``errors``, recorded with phase
     ``eval``); a non-finite reward stops the evaluation
-    (:class:`~credo.rollout.envguard.EnvFailure`).
+    (:class:`~credo.rollout.envguard.EnvFailure`). ``ks``: the k of pass@k and pass^k,
+    each in 1..``trials`` (a ``ValueError`` otherwise). ``chunk``: episodes sampled per
+    call.
     """
+    ks = check_ks(ks, trials)
     ctx = SamplerContext(
         policy, renderer, make_env, sampling, max_turns, torch.Generator().manual_seed(seed)
     )
     eps = []
+    wins_per_task: list[int] = []
     steps = invalid = 0
-    for start in range(0, episodes, chunk):
+    per_call = max(1, chunk // trials)
+    for start in range(0, episodes, per_call):
         tasks = [
-            Task.make(split, first_task + i) for i in range(start, min(episodes, start + chunk))
+            Task.make(split, first_task + i) for i in range(start, min(episodes, start + per_call))
         ]
         with env_phase("eval"):
-            res = sample_groups(ctx, tasks, group_size=1)
+            res = sample_groups(ctx, tasks, group_size=trials)
         eps.extend(res.episodes)
+        wins = [0] * len(tasks)
+        for e in res.episodes:
+            wins[e.group] += int(e.success)
+        wins_per_task += wins
         steps += res.env_steps
         invalid += int((~res.forest.valid).sum()) if res.forest.num_rows else 0
     wins = sum(e.success for e in eps)
     failed = [e for e in eps if e.error is not None]
-    lo, hi = wilson_interval(wins, len(eps))
+    if trials == 1:
+        lo, hi = wilson_interval(wins, len(eps))
+    else:
+        lo, hi = task_interval([c / trials for c in wins_per_task])
+    labels = _difficulties(make_env, [Task.make(split, first_task + i) for i in range(episodes)])
     return EvalResult(
         episodes=len(eps),
         success_rate=wins / max(1, len(eps)),
@@ -111,4 +159,48 @@ def evaluate(
         mean_turns=steps / max(1, len(eps)),
         errors=len(failed),
         first_error=f"task {failed[0].task_id}: {failed[0].error}" if failed else None,
+        tasks=len(wins_per_task),
+        trials=trials,
+        pass_at_k={str(k): pass_at_k(wins_per_task, trials, k) for k in ks},
+        pass_hat_k={str(k): pass_hat_k(wins_per_task, trials, k) for k in ks},
+        by_difficulty=_breakdown(labels, wins_per_task, trials, ks),
     )
+
+
+def _difficulties(make_env: Callable[[], Any], tasks: list[Task]) -> list[str] | None:
+    """Each task's difficulty (``task.data["difficulty"]``, else the env's
+    ``task_difficulty()`` after a reset on it), or ``None`` when tasks have none."""
+    env = None
+    labels = []
+    for t in tasks:
+        if "difficulty" in t.data:
+            labels.append(str(t.data["difficulty"]))
+            continue
+        env = make_env() if env is None else env
+        fn = getattr(env, "task_difficulty", None)
+        if fn is None:
+            return None
+        try:
+            env.reset(t, 0)
+            labels.append(str(fn()))
+        except Exception:  # an env that fails here fails its episode in the evaluation
+            env = None
+            labels.append("unknown")
+    return labels
+
+
+def _breakdown(
+    labels: list[str] | None, wins: list[int], trials: int, ks: Sequence[int]
+) -> dict[str, dict[str, Any]]:
+    """Success (and pass^k) per difficulty label; ``{}`` without labels."""
+    if labels is None:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for label in sorted(set(labels)):
+        c = [w for w, lab in zip(wins, labels) if lab == label]
+        out[label] = {
+            "tasks": len(c),
+            "success_rate": sum(c) / (len(c) * trials),
+            "pass_hat_k": {str(k): pass_hat_k(c, trials, k) for k in ks},
+        }
+    return out

@@ -42,13 +42,16 @@ def evaluate_target(
     episodes: int,
     greedy: bool = False,
     overrides: list[str] | None = None,
+    trials: int = 1,
+    ks: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Evaluate a run's trained policy (or latest checkpoint), or a model.
 
     ``model`` may be a folder, a hub name or a credo alias (``smollm2-135m``: the
     pretrained model zero-shot, in the chat format, with its default response cap). A
     run trained with LoRA is rebuilt as it was trained (base model, warm start from the
-    cache, adapters) and its saved adapters loaded.
+    cache, adapters) and its saved adapters loaded. ``trials`` episodes per task and
+    ``ks`` add pass@k and pass^k (:meth:`~credo.train.run.Run.evaluate`).
     """
     if run_dir is None and model is None:
         raise ValueError("give a run folder or --model NAME_OR_PATH")
@@ -74,7 +77,7 @@ def evaluate_target(
         else:
             run = build_run(cfg, policy_path=folder)
             policy = run.policy
-    ev = run.evaluate(policy, episodes=episodes, greedy=greedy)
+    ev = run.evaluate(policy, episodes=episodes, greedy=greedy, trials=trials, ks=ks)
     return {"eval": ev, "label": label, "env": run.cfg.env.name}
 
 

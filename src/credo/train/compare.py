@@ -11,18 +11,24 @@ and an interrupted one is resumed, so a comparison can be stopped and restarted.
 average over ``smooth`` iterations, averaged over seeds) against the reference recipe's
 final value (its mean over the last ``smooth`` iterations): rollouts are sampled as the
 held-out evaluation is, on training tasks, and cost nothing extra.
+
+Asked with ``trials`` n > 1 and ``ks``, every trained policy is also evaluated with n
+trials per held-out task (:meth:`~credo.train.run.Run.evaluate`, saved in the run's
+``passk_eval.json``) and the table gains a pass^k column per k (mean over seeds).
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from credo.eval.passk import check_ks
 from credo.train.config import Config, ConfigError, load_config
 from credo.train.logging import read_metrics
 from credo.train.loop import train
@@ -42,6 +48,7 @@ class RecipeSummary:
     update_s: list[float] = field(default_factory=list)
     curves: list[list[tuple[int, float]]] = field(default_factory=list)
     steps_to_reference: int | None = None
+    pass_hat_k: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
@@ -61,6 +68,7 @@ class RecipeSummary:
             "iteration_s": statistics.fmean(self.iteration_s) if self.iteration_s else None,
             "update_s": statistics.fmean(self.update_s) if self.update_s else None,
             "steps_to_reference": self.steps_to_reference,
+            "pass_hat_k": self.pass_hat_k,
         }
 
 
@@ -94,6 +102,30 @@ def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _passk_one(cfg: Config, run_dir: Path, trials: int, ks: Sequence[int]) -> dict[str, float]:
+    """pass^k of a finished run's trained policy (``passk_eval.json``, reused when it
+    was made with the same ``trials`` and ``ks``)."""
+    from credo.train.commands import evaluate_target
+
+    path = run_dir / "passk_eval.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved["trials"] == trials and sorted(saved["pass_hat_k"]) == sorted(map(str, ks)):
+            return saved["pass_hat_k"]
+    ev = evaluate_target(
+        run_dir=run_dir, model=None, env=None, episodes=cfg.eval.episodes, trials=trials, ks=ks
+    )
+    result = ev["eval"]
+    write_text_atomic(
+        path,
+        json.dumps(
+            {"trials": trials, "pass_hat_k": result.pass_hat_k, "pass_at_k": result.pass_at_k},
+            indent=1,
+        ),
+    )
+    return result.pass_hat_k
+
+
 def compare(
     recipes: list[str],
     seeds: list[int],
@@ -103,6 +135,8 @@ def compare(
     reference: str | None = None,
     smooth: int = 5,
     on_run: Any = None,
+    trials: int = 1,
+    ks: Sequence[int] = (),
 ) -> list[RecipeSummary]:
     """Train every recipe with every seed; write the table and plot; return summaries.
 
@@ -115,9 +149,12 @@ def compare(
             ``grpo`` if compared, else the first recipe).
         smooth: moving-average window (iterations) of the success curves.
         on_run: called with ``(recipe, seed, index, total)`` before each run.
+        trials, ks: with ``ks``, also pass^k of every trained policy over ``trials``
+            episodes per held-out task (each k ≤ ``trials``).
     """
     if not recipes or not seeds:
         raise ConfigError("compare needs at least one recipe and one seed")
+    ks = check_ks(ks, trials)
     ref_name = reference or ("grpo" if "grpo" in recipes else recipes[0])
     if ref_name not in recipes:
         raise ConfigError(
@@ -154,6 +191,8 @@ def compare(
         s.curves.append([(r["rollout/env_steps_total"], r["rollout/success_rate"]) for r in m])
         s.iteration_s.append(statistics.fmean(r["time/iteration_s"] for r in m))
         s.update_s.append(statistics.fmean(r["time/update_s"] for r in m))
+        for k, v in (_passk_one(cfg, out_dir / name, trials, ks) if ks else {}).items():
+            s.pass_hat_k.setdefault(k, []).append(v)
 
     ref = summaries[ref_name]
     ref_curve = _mean_curve(ref.curves, smooth)
@@ -177,9 +216,16 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
                 f"{s.steps_to_reference:,}" if s.steps_to_reference is not None else "not reached",
                 f"{statistics.fmean(s.iteration_s):.2f}",
                 f"{statistics.fmean(s.update_s):.2f}",
+                *(f"{statistics.fmean(v):.1%}" for v in s.pass_hat_k.values()),
             ]
         )
     return rows
+
+
+def _columns(summaries: list[RecipeSummary]) -> list[str]:
+    """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for."""
+    ks = list(summaries[0].pass_hat_k) if summaries else []
+    return [*COLUMNS, *(f"held-out pass^{k}" for k in ks)]
 
 
 COLUMNS = [
@@ -215,7 +261,8 @@ def _write(
             indent=1,
         ),
     )
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    cols = _columns(summaries)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(r) + " |" for r in _table_rows(summaries)]
     lines.append("")
     lines.append(
@@ -253,4 +300,4 @@ def _write(
 
 def summary_table_rows(summaries: list[RecipeSummary]) -> tuple[list[str], list[list[str]]]:
     """The columns and rows of the comparison table (for the CLI)."""
-    return COLUMNS, _table_rows(summaries)
+    return _columns(summaries), _table_rows(summaries)

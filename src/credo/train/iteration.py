@@ -21,7 +21,6 @@ import torch
 
 from credo.credit import compute_advantages
 from credo.data import RolloutForest
-from credo.envs.base import Task
 from credo.rollout import RolloutResult, oracle_batch, split_oracle
 from credo.train.run import Run
 from credo.train.state import TrainState
@@ -31,6 +30,7 @@ __all__ = ["iteration_seed", "run_iteration"]
 
 # the random streams of an iteration
 _TASKS, _SAMPLING, _SHUFFLE, _CHOICES = 0, 1, 2, 3
+_TASK_UPDATE = 4  # the task source's own choices after the iteration (RODS's variants)
 
 
 def iteration_seed(seed: int, iteration: int, stream: int) -> int:
@@ -40,12 +40,10 @@ def iteration_seed(seed: int, iteration: int, stream: int) -> int:
 
 def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     """Run iteration ``it`` on ``state`` (updated in place) and return its metrics record."""
-    cfg, r = run.cfg, run.cfg.rollout
+    cfg = run.cfg
     t0 = time.perf_counter()
-    # 1. tasks: distinct training tasks, drawn from the pool for this iteration
-    rng = np.random.default_rng(iteration_seed(cfg.train.seed, it, _TASKS))
-    ids = rng.choice(r.train_tasks, size=r.tasks_per_iter, replace=False)
-    tasks = [Task.make("train", int(i)) for i in ids]
+    # 1. tasks: this iteration's distinct training tasks, from the task source
+    tasks = state.tasks.draw(it, iteration_seed(cfg.train.seed, it, _TASKS))
     # 2. sampler → forest (SERO's oracle continuations ride on top of any sampler)
     rollout = run.rollouts(
         state.policy,
@@ -70,6 +68,9 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     forest = lesson.reward(forest) if lesson else forest  # teacher reward routes
     # 3. credit
     adv = compute_advantages(cfg.credit.estimator, forest, cfg.credit.params, state.estimator_state)
+    task_metrics = state.tasks.observe(  # the groups' results feed the task source
+        tasks, rollout.episodes, iteration_seed(cfg.train.seed, it, _TASK_UPDATE)
+    )
     # 4. objective → optimizer step
     oracle = (
         oracle_batch(rollout.forest, pad_id=state.policy.pad_id) if oracle_rows.numel() else None
@@ -86,6 +87,7 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     state.iteration, state.env_steps_total = it + 1, state.env_steps_total + rollout.env_steps
     record = iteration_metrics(it, rollout, forest, adv, state.env_steps_total, (t0, t1, t2))
     record.update(update_metrics | (lesson.metrics if lesson else {}))
+    record.update(task_metrics)
     if cfg.eval.every and state.iteration % cfg.eval.every == 0:
         ev = run.evaluate(state.policy, episodes=cfg.eval.periodic_episodes)
         record["eval/success_rate"] = ev.success_rate

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,13 +138,20 @@ class Run:
         return result
 
     def evaluate(
-        self, policy: HFPolicy | None = None, *, episodes: int | None = None, greedy: bool = False
+        self,
+        policy: HFPolicy | None = None,
+        *,
+        episodes: int | None = None,
+        greedy: bool = False,
+        trials: int = 1,
+        ks: Sequence[int] = (),
     ) -> EvalResult:
         """Held-out success of ``policy`` (default: the run's) on the first ``episodes``
         held-out tasks (default ``eval.episodes``), sampled as in training but without
         KLPO's auxiliary draws or top-K head, from the seed ``eval.seed``: every recipe
         and every command sees the same random stream, so equal policies get equal
-        scores. ``greedy``: temperature 0."""
+        scores. ``greedy``: temperature 0. ``trials`` episodes per task and ``ks`` (each
+        ≤ ``trials``) add pass@k and pass^k (:mod:`credo.eval.passk`)."""
         sampling = dataclasses.replace(
             self.sampling,
             temperature=0.0 if greedy else self.sampling.temperature,
@@ -159,6 +166,8 @@ class Run:
             sampling=sampling,
             max_turns=self.max_turns,
             seed=self.cfg.eval.seed,
+            trials=trials,
+            ks=ks,
         )
 
 

@@ -25,6 +25,7 @@ from credo.policy.lora import shared_reference, trainable_parameters
 from credo.policy.tiny import is_tiny
 from credo.rollout import SamplerContext, make_sampler_state, sample_groups, sampler_params
 from credo.rollout.group import episodes_to_forest
+from credo.tasks import TaskSource, TaskSourceContext, make_task_source
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
@@ -46,6 +47,7 @@ class TrainState:
         teaching: the run's teachers (``teacher`` section), or ``None``.
         iteration: iterations completed.
         env_steps_total: env steps taken by all iterations so far.
+        tasks: the task source (``tasks.source``; RODS's buffer is state too).
     """
 
     policy: HFPolicy
@@ -56,6 +58,7 @@ class TrainState:
     teaching: Teaching | None = None
     iteration: int = 0
     env_steps_total: int = 0
+    tasks: TaskSource | None = None
 
     @classmethod
     def start(
@@ -97,11 +100,17 @@ class TrainState:
             weight_decay=cfg.optim.weight_decay,
         )
         teaching = Teaching.build(cfg, policy, reference)
-        state = cls(policy, optimizer, reference, est_state, smp_state, teaching)
+        state = cls(
+            policy, optimizer, reference, est_state, smp_state, teaching, tasks=_task_source(run)
+        )
         if checkpoint is not None:
             saved = load_checkpoint(checkpoint, optimizer)
             state.iteration, state.env_steps_total = saved["iteration"], saved["env_steps_total"]
-            for obj, key in ((est_state, "estimator_state"), (smp_state, "sampler_state")):
+            for obj, key in (
+                (est_state, "estimator_state"),
+                (smp_state, "sampler_state"),
+                (state.tasks, "task_source"),
+            ):
                 if obj is not None and saved.get(key) is not None:
                     obj.load_state_dict(saved[key])
             if teaching is not None:
@@ -125,10 +134,18 @@ class TrainState:
                 "estimator_state": _state_dict(self.estimator_state),
                 "sampler_state": _state_dict(self.sampler_state),
                 **({"teacher_state": self.teaching.state_dict()} if self.teaching else {}),
+                "task_source": _state_dict(self.tasks),
             },
             keep=keep,
             write_extra=self.teaching.write if self.teaching else None,
         )
+
+
+def _task_source(run: Run) -> TaskSource:
+    """The task source ``tasks.source`` names, for this run's pool and env."""
+    r = run.cfg.rollout
+    ctx = TaskSourceContext(r.train_tasks, r.tasks_per_iter, run.make_env)
+    return make_task_source(run.cfg.tasks.source, run.cfg.tasks.params, ctx)
 
 
 def _state_dict(obj: Any) -> Any:

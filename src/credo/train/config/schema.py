@@ -32,6 +32,7 @@ __all__ = [
     "OptimConfig",
     "RolloutConfig",
     "SFTConfig",
+    "TasksConfig",
     "TeacherConfig",
     "TrainConfig",
 ]
@@ -160,6 +161,24 @@ class RolloutConfig:
     oracle_start: str = "all"
     on_restore_divergence: str = "error"
     step_timeout: float | None = 60.0
+
+
+@dataclass
+class TasksConfig:
+    """Where each iteration's training tasks come from (:mod:`credo.tasks`).
+
+    Attributes:
+        source: ``fixed`` (default: ``rollout.tasks_per_iter`` distinct seeds drawn
+            uniformly from ``rollout.train_tasks`` every iteration) or ``rods`` (a
+            buffer that follows the capability boundary: boundary tasks spawn variants,
+            mastered and dead tasks retire; :mod:`credo.tasks.rods`).
+        params: the source's knobs (``rods``: :class:`credo.tasks.RodsParams`, e.g.
+            ``{seed_pool: 64, max_pool: 256, tau_v: 0.5, tau_hi: 0.9, retire_after: 2}``);
+            unknown keys fail at load time.
+    """
+
+    source: str = "fixed"
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -472,6 +491,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -146,6 +146,30 @@ def _rollout(cfg: Config) -> None:
         )
 
 
+def _tasks(cfg: Config) -> None:
+    from credo.envs.base import resolve_env
+    from credo.tasks import TASK_SOURCES, task_source_params
+
+    t, r = cfg.tasks, cfg.rollout
+    _registered(
+        TASK_SOURCES, t.source, "tasks.params", lambda: task_source_params(t.source, t.params)
+    )
+    if t.source != "rods":
+        return
+    params = task_source_params(t.source, t.params)
+    if params.seed_pool < r.tasks_per_iter or params.seed_pool > r.train_tasks:
+        raise ConfigError(
+            f"tasks.params.seed_pool={params.seed_pool} must be between rollout.tasks_per_iter"
+            f"={r.tasks_per_iter} (the distinct tasks of an iteration) and rollout.train_tasks"
+            f"={r.train_tasks}"
+        )
+    if params.spawn > 0 and not hasattr(resolve_env(cfg.env.name), "similar_task"):
+        raise ConfigError(
+            f"tasks.source=rods spawns variants with the env's similar_task(task, rng), which "
+            f"env {cfg.env.name!r} lacks; implement it or set tasks.params.spawn=0"
+        )
+
+
 def _credit(cfg: Config) -> None:
     from credo.credit import ESTIMATORS, estimator_state_factory, validate_estimator
 
@@ -414,6 +438,7 @@ SECTION_CHECKS: tuple[Callable[[Config], None], ...] = (
     _env,
     _model,
     _rollout,
+    _tasks,
     _credit,
     _objective,
     _optim,
