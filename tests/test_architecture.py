@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
         "objectives",
         "teachers",
         "eval",
+        "serve",
         "utils",
     },
     "cli": {"train", "eval", "envs", "serve", "utils"},

@@ -7,6 +7,8 @@ credo eval RUN_DIR [--episodes 500] [--greedy]
 credo eval --model NAME_OR_PATH --env shop [--episodes 50] [key.sub=value ...]
 credo eval --model smollm2-135m --env shop           a real pretrained LLM, zero-shot
 credo play [--env shop] [--seed 0]                   play an env yourself
+credo train --agent examples/openai_agent.py:run     train an OpenAI-API agent
+credo serve MODEL [--port 8000]                      an OpenAI-compatible server
 credo envs | credo recipes
 """
 
@@ -35,6 +37,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"train.seed={args.seed}")
     if getattr(args, "name", None):
         out.append(f"train.name={args.name}")
+    if getattr(args, "agent", None):
+        out.append(f"rollout.agent={args.agent}")
     return out + list(getattr(args, "overrides", []) or [])
 
 
@@ -232,6 +236,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``credo serve MODEL [...]``: :mod:`credo.serve.cli` (imported only here)."""
+    try:
+        from credo.serve.cli import main as serve_main
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return serve_main(list(args.serve_args), prog="credo serve")
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
     from credo.envs.base import ENVS, env_names
 
@@ -288,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, help="train.seed")
     t.add_argument("--name", help="run folder name (train.name)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run exactly")
+    t.add_argument(
+        "--agent",
+        metavar="MODULE:FUNCTION",
+        help="train an async agent written against the OpenAI API (rollout.agent; "
+        "e.g. examples/openai_agent.py:run; needs the serve extra)",
+    )
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     t.set_defaults(func=cmd_train)
@@ -341,12 +361,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("overrides", nargs="*", metavar="key.sub=value")
     c.set_defaults(func=cmd_compare)
 
+    sv = sub.add_parser(
+        "serve",
+        help="serve a policy over the OpenAI chat-completions API (credo serve --help)",
+        add_help=False,
+    )
+    sv.add_argument("serve_args", nargs=argparse.REMAINDER)
+    sv.set_defaults(func=cmd_serve)
+
     sub.add_parser("envs", help="list environments").set_defaults(func=cmd_envs)
     sub.add_parser("recipes", help="list recipes").set_defaults(func=cmd_recipes)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # all of its options are credo.serve's, --help included
+        return cmd_serve(argparse.Namespace(serve_args=argv[1:]))
     args = build_parser().parse_args(argv)
     from credo.train.config import ConfigError
 

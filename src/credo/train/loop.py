@@ -68,6 +68,14 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     """
     t_start = time.perf_counter()
     run = build_run(cfg)
+    try:
+        return _train(run, resume, quiet, t_start)
+    finally:
+        run.close()  # an agent run's policy server lives exactly as long as the run
+
+
+def _train(run: Run, resume: Path | None, quiet: bool, t_start: float) -> TrainResult:
+    cfg = run.cfg
     run_dir = Path(resume) if resume else _new_run_dir(cfg)
     write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     progress = Progress(enabled=not quiet)
