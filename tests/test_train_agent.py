@@ -18,12 +18,12 @@ pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from credo.cli import main as cli_main  # noqa: E402
-from credo.envs.base import Task  # noqa: E402
-from credo.policy.hf import HFPolicy  # noqa: E402
-from credo.train.config import ConfigError, load_config  # noqa: E402
-from credo.train.loop import train  # noqa: E402
-from credo.train.run import build_run  # noqa: E402
+from credo.cli import main as cli_main
+from credo.envs.base import Task
+from credo.policy.hf import HFPolicy
+from credo.train.config import ConfigError, load_config
+from credo.train.loop import train
+from credo.train.run import build_run
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -151,7 +151,7 @@ def test_bad_agent_configs_fail_in_one_line_before_compute(
 
 def test_the_serve_extra_missing_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "credo.serve", None)  # `import credo.serve` fails
-    with pytest.raises(ConfigError, match="--agent .*credo.serve") as err:
+    with pytest.raises(ConfigError, match=r"--agent .*credo\.serve") as err:
         load_config("grpo", [f"rollout.agent={AGENTS}:agent"])
     assert "\n" not in str(err.value)
 
