@@ -132,6 +132,14 @@ def test_resume_with_the_agent_sampler_continues_exactly(tmp_path: Path) -> None
         ([f"rollout.agent={AGENTS}:agent", "rollout.agent_concurrency=0"], "agent_concurrency"),
         (["rollout.sampler=agent"], "needs rollout.agent"),
         (
+            [
+                f"rollout.agent={AGENTS}:agent",
+                "rollout.sampler=agent",
+                "rollout.sampler_params={timeout_s: 3}",
+            ],
+            "takes no rollout.sampler_params",
+        ),
+        (
             [f"rollout.agent={AGENTS}:agent", "rollout.oracle_horizon=2"],
             "rollout.oracle_horizon=0",
         ),

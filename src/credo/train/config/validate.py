@@ -153,6 +153,11 @@ def _agent(cfg: Config) -> None:
             f"rollout.agent runs the agent's own episodes (G per task): rollout.sampler must "
             f"stay group, got {r.sampler!r}"
         )
+    if r.sampler_params:
+        raise ConfigError(
+            f"rollout.agent takes no rollout.sampler_params (got {sorted(r.sampler_params)}); "
+            "its knobs are rollout.agent_timeout_s and rollout.agent_concurrency"
+        )
     if r.oracle_horizon > 0:
         raise ConfigError(
             "rollout.agent: oracle continuations (rollout.oracle_horizon) need env "
