@@ -45,6 +45,7 @@ imported only when an agent run starts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
     from credo.rollout.group import RolloutResult
 
 __all__ = ["AgentParams", "AgentSession", "agent_params", "check_agent_spec", "sample_agent"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -150,7 +153,13 @@ class AgentSession:
         """``group_size`` agent episodes per task (task ``i`` → group ``i``) against the
         served ``policy``; see :func:`credo.serve.run_agent_episodes`."""
         server = self._server_for(policy, sampling)
-        return server.sample(self._tasks(tasks), group_size, generator=generator)
+        result = server.sample(self._tasks(tasks), group_size, generator=generator)
+        failed = [e for e in result.episodes if e.error is not None]
+        for e in failed[:3]:  # say why, without flooding the log
+            _log.warning("agent episode on task %s failed: %s", e.task_id, e.error)
+        if len(failed) > 3:
+            _log.warning("... and %d more failed agent episodes", len(failed) - 3)
+        return result
 
     def evaluate(
         self, policy: Any, sampling: SamplingParams, *, episodes: int, seed: int
