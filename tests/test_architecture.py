@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
         "objectives",
         "teachers",
         "eval",
+        "serve",
         "utils",
     },
     "cli": {"train", "eval", "envs", "serve", "utils"},

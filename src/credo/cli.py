@@ -9,6 +9,8 @@ credo play [--env shop] [--task 0] [key.sub=value ...]   play an env yourself
 credo compare --recipes a,b --seeds 3 [key.sub=value ...]
 credo config [--recipe R] [key.sub=value ...]       the resolved config, every key explained
 credo check-env --env X                              check an env against the protocol
+credo train --agent examples/openai_agent.py:run     train an OpenAI-API agent
+credo serve MODEL [--port 8000]                      an OpenAI-compatible server
 credo envs | credo recipes | credo --version
 
 ``key.sub=value`` overrides may stand anywhere among the options. Every bad input ends
@@ -64,6 +66,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"train.seed={args.seed}")
     if getattr(args, "name", None):
         out.append(f"train.name={args.name}")
+    if getattr(args, "agent", None):
+        out.append(f"rollout.agent={args.agent}")
     return out + list(getattr(args, "overrides", []) or [])
 
 
@@ -441,6 +445,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``credo serve MODEL [...]``: :mod:`credo.serve.cli` (imported only here)."""
+    try:
+        from credo.serve.cli import main as serve_main
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return serve_main(list(args.serve_args), prog="credo serve")
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
     from credo.envs.base import ENTRY_POINT_GROUP, ENV_MODULES_VAR, env_sources, resolve_env
 
@@ -682,6 +696,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue a stopped run exactly; with train.iterations=N, extend a finished one",
     )
+    t.add_argument(
+        "--agent",
+        metavar="MODULE:FUNCTION",
+        help="train an async agent written against the OpenAI API (rollout.agent; "
+        "e.g. examples/openai_agent.py:run; needs the serve extra)",
+    )
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
@@ -789,6 +809,19 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--tasks", type=int, default=8, help="training tasks to play (default 8)")
     ck.set_defaults(func=cmd_check_env)
 
+    sv = _sub(
+        sub,
+        "serve",
+        "serve a policy over the OpenAI chat-completions API (all options: credo serve --help)",
+        """
+        credo serve smollm2-135m --port 8000
+        credo serve runs/grpo-shop-20261130/final_policy
+        """,
+        add_help=False,
+    )
+    sv.add_argument("serve_args", nargs=argparse.REMAINDER)
+    sv.set_defaults(func=cmd_serve)
+
     en = _sub(sub, "envs", "list environments", "credo envs")
     en.set_defaults(func=cmd_envs)
     rc = _sub(sub, "recipes", "list recipes", "credo recipes")
@@ -831,6 +864,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command; bad input ends in one ``error:`` line and exit status 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # all of its options are credo.serve's, --help included
+        return cmd_serve(argparse.Namespace(serve_args=argv[1:]))
     args = parse_args(argv)
     from credo.train.config import ConfigError
 

@@ -76,14 +76,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m credo.serve") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m credo.serve",
+        prog=prog,
         description="an OpenAI-compatible chat-completions server for a credo policy",
     )
     add_serve_arguments(p)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    return cmd_serve(build_parser().parse_args(argv))
+def main(argv: list[str] | None = None, prog: str = "python -m credo.serve") -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``) and serve; ``prog`` names the command
+    in help and errors."""
+    return cmd_serve(build_parser(prog).parse_args(argv))

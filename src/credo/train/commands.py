@@ -25,12 +25,15 @@ def run_sft(cfg: Config, *, episodes: int | None = None, quiet: bool = False) ->
     """Warm-start (or load it from the cache) and evaluate it on held-out tasks."""
     progress = Progress(enabled=not quiet)
     run = build_run(cfg)
-    with progress.phase("warm start (SFT)") as tick:
-        policy, ws = warm_start(
-            run, on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}")
-        )
-    with progress.phase("held-out eval"):
-        ev = run.evaluate(policy, episodes=episodes)
+    try:
+        with progress.phase("warm start (SFT)") as tick:
+            policy, ws = warm_start(
+                run, on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}")
+            )
+        with progress.phase("held-out eval"):
+            ev = run.evaluate(policy, episodes=episodes)
+    finally:
+        run.close()
     return {"eval": ev, "path": ws.path, "cached": ws.cached}
 
 
@@ -77,7 +80,10 @@ def evaluate_target(
         else:
             run = build_run(cfg, policy_path=folder)
             policy = run.policy
-    ev = run.evaluate(policy, episodes=episodes, greedy=greedy, trials=trials, ks=ks)
+    try:
+        ev = run.evaluate(policy, episodes=episodes, greedy=greedy, trials=trials, ks=ks)
+    finally:
+        run.close()
     return {"eval": ev, "label": label, "env": run.cfg.env.name}
 
 

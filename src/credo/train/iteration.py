@@ -82,6 +82,7 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     update_metrics = policy_update(update, batch, iteration=it, generator=shuffle, oracle=oracle)
     if state.teaching:
         state.teaching.after_update(state.policy)
+    run.weights_updated()
     t2 = time.perf_counter()
     # 5. metrics (and the periodic held-out evaluation)
     state.iteration, state.env_steps_total = it + 1, state.env_steps_total + rollout.env_steps

@@ -109,6 +109,7 @@ def train(cfg: Config, *, resume: Path | None = None, quiet: bool = False) -> Tr
     try:
         return _train_locked(run, run_dir, resume is not None, progress, t_start)
     finally:
+        run.close()  # an agent run's policy server lives exactly as long as the run
         lock.release()
 
 

@@ -30,10 +30,12 @@ from credo.rollout import (
     RolloutResult,
     SamplerContext,
     add_oracle_continuations,
+    make_sampler_state,
     sample,
     sampler_params,
 )
 from credo.rollout.render import PLAIN_WORDS, Renderer, make_renderer, oracle_examples
+from credo.train.agent import AgentSession, agent_params
 from credo.train.check_env import check_round_trip, collect_words, preflight
 from credo.train.config import Config
 
@@ -75,6 +77,9 @@ class Run:
         sampling: the rollouts' sampling parameters (with KLPO's auxiliary draws and
             top-K head when the config asks for them).
         max_turns: the sampler's turn cap.
+        agent: with ``rollout.agent``, the run's agent session (the ``agent`` sampler's
+            state: its policy server lives as long as the run; :meth:`close` stops it),
+            through which the rollouts and the held-out evaluation go; else ``None``.
     """
 
     cfg: Config
@@ -84,6 +89,7 @@ class Run:
     renderer: Renderer
     sampling: SamplingParams
     max_turns: int
+    agent: AgentSession | None = None
 
     def sampler_context(
         self,
@@ -125,6 +131,15 @@ class Run:
         continuations when ``rollout.oracle_horizon`` > 0."""
         r = self.cfg.rollout
         ctx = self.sampler_context(policy, generator=generator, choice_seed=choice_seed)
+        if self.agent is not None:
+            return sample(
+                "agent",
+                ctx,
+                tasks,
+                group_size=r.group_size,
+                params=self.agent.params,
+                state=self.agent,
+            )
         params = sampler_params(r.sampler, r.sampler_params)
         result = sample(r.sampler, ctx, tasks, group_size=r.group_size, params=params, state=state)
         if r.oracle_horizon > 0:
@@ -151,24 +166,52 @@ class Run:
         KLPO's auxiliary draws or top-K head, from the seed ``eval.seed``: every recipe
         and every command sees the same random stream, so equal policies get equal
         scores. ``greedy``: temperature 0. ``trials`` episodes per task and ``ks`` (each
-        ≤ ``trials``) add pass@k and pass^k (:mod:`credo.eval.passk`)."""
+        ≤ ``trials``) add pass@k and pass^k (:mod:`credo.eval.passk`). An agent run is
+        evaluated through its agent (:meth:`~credo.train.agent.AgentSession.evaluate`),
+        one trial per task."""
         sampling = dataclasses.replace(
             self.sampling,
             temperature=0.0 if greedy else self.sampling.temperature,
             aux_samples=0,
             topk_logprobs=0,
         )
+        episodes = self.cfg.eval.episodes if episodes is None else episodes
+        if self.agent is not None:
+            return self.agent.evaluate(
+                policy if policy is not None else self.policy,
+                sampling,
+                episodes=episodes,
+                seed=self.cfg.eval.seed,
+            )
         return evaluate(
             policy if policy is not None else self.policy,
             self.renderer,
             self.make_env,
-            episodes=self.cfg.eval.episodes if episodes is None else episodes,
+            episodes=episodes,
             sampling=sampling,
             max_turns=self.max_turns,
             seed=self.cfg.eval.seed,
             trials=trials,
             ks=ks,
         )
+
+    def new_sampler_state(self) -> Any:
+        """The state the configured sampler keeps across iterations (``None`` if none):
+        the agent session for an agent run, else ``rollout.sampler``'s own."""
+        if self.agent is not None:
+            return self.agent
+        r = self.cfg.rollout
+        return make_sampler_state(r.sampler, sampler_params(r.sampler, r.sampler_params))
+
+    def weights_updated(self) -> None:
+        """Call after each policy update (an agent run stamps later calls with it)."""
+        if self.agent is not None:
+            self.agent.weights_updated()
+
+    def close(self) -> None:
+        """Release what the run holds beyond memory: an agent run's policy server."""
+        if self.agent is not None:
+            self.agent.close()
 
 
 def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
@@ -209,7 +252,9 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     )
     renderer = build_renderer(cfg, policy, builtin=builtin, env=env, make=make)
     check_round_trip(make, [Task.make("train", i) for i in range(2)], policy.tokenizer, renderer)
-    return Run(cfg, make, policy, builtin, renderer, sampling_for(cfg, builtin=builtin), max_turns)
+    agent = AgentSession(agent_params(cfg)) if cfg.rollout.agent else None
+    sampling = sampling_for(cfg, builtin=builtin)
+    return Run(cfg, make, policy, builtin, renderer, sampling, max_turns, agent)
 
 
 def build_renderer(

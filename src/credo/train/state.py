@@ -23,7 +23,7 @@ from credo.envs.base import Task
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import shared_reference, trainable_parameters
 from credo.policy.tiny import is_tiny
-from credo.rollout import SamplerContext, make_sampler_state, sample_groups, sampler_params
+from credo.rollout import SamplerContext, sample_groups
 from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
@@ -87,8 +87,7 @@ class TrainState:
                 p.requires_grad_(False)
         factory = estimator_state_factory(cfg.credit.estimator)
         est_state = factory(**cfg.credit.state) if factory is not None else None
-        r = cfg.rollout
-        smp_state = make_sampler_state(r.sampler, sampler_params(r.sampler, r.sampler_params))
+        smp_state = run.new_sampler_state()
         if checkpoint is not None:
             policy.load_weights(checkpoint / "policy")
             if reference is not None and not lora:

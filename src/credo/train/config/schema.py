@@ -138,6 +138,20 @@ class RolloutConfig:
             is replaced by a fresh one (default 60: generous for envs that call a web
             service or run code, and a hung env still costs at most a minute per
             episode); ``null`` or 0 = no limit. Main thread only (a ``SIGALRM`` timer).
+        agent: train an agent written against the OpenAI API instead of running the env
+            loop: ``package.module:function`` or ``path/to/file.py:function``, an
+            ``async def agent(task, client, session_id)`` returning the reward or
+            ``{reward: r, success: bool}`` (``credo train --agent``; needs the ``serve``
+            extra; :mod:`credo.train.agent`). The rollouts and the held-out evaluation
+            then go through the agent, with the policy served on 127.0.0.1. Default
+            ``None``: the env loop of ``sampler``.
+        agent_timeout_s: the longest one agent episode may take, in seconds; a slower
+            episode fails (reward 0, counted in ``rollout/agent_timeouts``), not the run
+            (default 300).
+        agent_concurrency: most agent episodes at once (default ``None``: all of an
+            iteration's, batched by the server). 1 makes agent runs bit-for-bit
+            reproducible, ``--resume`` included; with more, which requests share a batch
+            depends on timing.
     """
 
     sampler: str = "group"
@@ -161,6 +175,9 @@ class RolloutConfig:
     oracle_start: str = "all"
     on_restore_divergence: str = "error"
     step_timeout: float | None = 60.0
+    agent: str | None = None
+    agent_timeout_s: float = 300.0
+    agent_concurrency: int | None = None
 
 
 @dataclass

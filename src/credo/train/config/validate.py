@@ -144,6 +144,52 @@ def _rollout(cfg: Config) -> None:
             f"rollout.train_tasks={r.train_tasks} is smaller than rollout.tasks_per_iter="
             f"{r.tasks_per_iter}: each iteration draws that many distinct training tasks"
         )
+    _agent(cfg)
+
+
+def _agent(cfg: Config) -> None:
+    """``rollout.agent``: a loadable ``async def`` (the ``serve`` extra installed), the env
+    loop's add-ons off, and a warm start only from an env that has an oracle."""
+    r = cfg.rollout
+    if r.agent is None:
+        if r.sampler == "agent":
+            raise ConfigError(
+                "rollout.sampler=agent needs rollout.agent='module:function' (or --agent)"
+            )
+        return
+    if r.sampler not in ("group", "agent"):
+        raise ConfigError(
+            f"rollout.agent runs the agent's own episodes (G per task): rollout.sampler must "
+            f"stay group, got {r.sampler!r}"
+        )
+    if r.sampler_params:
+        raise ConfigError(
+            f"rollout.agent takes no rollout.sampler_params (got {sorted(r.sampler_params)}); "
+            "its knobs are rollout.agent_timeout_s and rollout.agent_concurrency"
+        )
+    if r.oracle_horizon > 0:
+        raise ConfigError(
+            "rollout.agent: oracle continuations (rollout.oracle_horizon) need env "
+            "snapshots, which an agent's episodes do not have; set rollout.oracle_horizon=0"
+        )
+    if r.agent_timeout_s <= 0:
+        raise ConfigError(f"rollout.agent_timeout_s must be > 0, got {r.agent_timeout_s}")
+    _at_least(1, {"rollout.agent_concurrency": r.agent_concurrency})
+    from credo.train.agent import check_agent_spec
+
+    try:
+        check_agent_spec(r.agent)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.sft.enabled:
+        from credo.envs.base import resolve_env
+
+        if not hasattr(resolve_env(cfg.env.name), "oracle_action"):
+            raise ConfigError(
+                f"rollout.agent: the warm start (sft.enabled) learns from the oracle "
+                f"demonstrations of env.name={cfg.env.name!r}, which has no oracle_action; "
+                "set sft.enabled=false (or name the env the agent plays)"
+            )
 
 
 def _tasks(cfg: Config) -> None:
