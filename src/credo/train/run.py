@@ -198,6 +198,7 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
         if policy_path is not None
         else _policy(cfg, env, make)
     )
+    policy.configure_kv_reuse(cfg.rollout.kv_reuse, cfg.rollout.kv_cache_mb)
     renderer = build_renderer(cfg, policy, builtin=builtin, env=env, make=make)
     check_round_trip(make, [Task.make("train", i) for i in range(2)], policy.tokenizer, renderer)
     return Run(cfg, make, policy, builtin, renderer, sampling_for(cfg, builtin=builtin), max_turns)

@@ -236,6 +236,8 @@ def _eval_cache(run: Run, key: str) -> Path:
             del rollout[k]
     if not rollout["chat_examples"]:
         del rollout["chat_examples"]
+    for k in ("kv_reuse", "kv_cache_mb"):  # exact: they do not change the evaluation
+        del rollout[k]
     name = config_hash({"warm": key, "eval": asdict(cfg.eval), "rollout": rollout})
     return cache_dir() / "warmstart" / key / f"eval-{name}.json"
 
