@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -439,9 +440,13 @@ class HFPolicy:
         keep = {self._keep_arg: 1} if self._keep_arg else {}  # prefill: last position only
         if past is not None:
             keep[self._cache_arg] = past
+        start = time.perf_counter()
         out = self.model(
             input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep
         )
+        if self.device.type == "cuda":  # count the prefill, not its launch
+            torch.cuda.synchronize(self.device)
+        self.kv_stats.prefill_seconds += time.perf_counter() - start
         past = _cache_of(out)
         logits = out.logits[:, -1, :].float()
         next_pos = pos[:, -1:] + 1

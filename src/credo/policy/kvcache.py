@@ -121,6 +121,7 @@ class KVStats:
         prefill_tokens: prompt tokens fed to the model (real tokens, padding excluded;
             counted by the policy for every generate call, with or without sessions).
         evictions: entries dropped to stay within the budget.
+        prefill_seconds: wall time of the prefill forward passes (every generate call).
     """
 
     lookups: int = 0
@@ -128,8 +129,9 @@ class KVStats:
     reused_tokens: int = 0
     prefill_tokens: int = 0
     evictions: int = 0
+    prefill_seconds: float = 0.0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
 
 
