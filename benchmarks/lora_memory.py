@@ -186,6 +186,8 @@ def main() -> None:
             str(args.steps),
             "--lora-r",
             str(args.lora_r),
+            "--mmap-threshold",
+            str(args.mmap_threshold),
         ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=True)
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
