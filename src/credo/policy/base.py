@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Generation", "Policy", "SamplingParams"]
+__all__ = ["Generation", "Policy", "SamplingParams", "SessionPolicy"]
 
 
 @dataclass(frozen=True)
@@ -85,4 +86,31 @@ class Policy(Protocol):
     ) -> torch.Tensor:
         """``[B, L]`` log-prob of each token given the previous ones (position 0 gets 0).
         Runs with grad when grad is enabled."""
+        ...
+
+
+@runtime_checkable
+class SessionPolicy(Policy, Protocol):
+    """A policy that can keep each episode's KV cache between turns.
+
+    ``generate(..., sessions=keys)`` takes one opaque hashable key per prompt (one per
+    live episode); a prompt that extends what its session's model already read feeds only
+    the new tokens, any other gets a full prefill (decided from the token ids). The
+    responses are the same as without ``sessions``. ``end_sessions(keys)`` frees the
+    caches of finished episodes. :class:`credo.policy.hf.HFPolicy` is one
+    (:mod:`credo.policy.kvcache`).
+    """
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+        sessions: Sequence[Hashable] | None = None,
+    ) -> list[Generation]:
+        """Sample one response per prompt; ``sessions``: one key per prompt, or ``None``."""
+        ...
+
+    def end_sessions(self, keys: Iterable[Hashable]) -> None:
+        """Free the cached keys and values of these sessions."""
         ...

@@ -9,6 +9,12 @@ tensor of a step, so the prefill of a generation asks the model for the last pos
 logits only, and :meth:`HFPolicy.score` can compute logits only for the positions the
 caller needs (``scored``: the response tokens at the end of each row).
 
+Multi-turn episodes can keep their KV cache between turns: :meth:`HFPolicy.generate`
+with ``sessions`` (one opaque key per row, one per live episode) feeds only the tokens
+after the longest prefix the prompt shares with what that session's model already read,
+and falls back to a full prefill when the prompt does not extend it
+(:mod:`credo.policy.kvcache`; :meth:`HFPolicy.end_sessions` frees finished episodes).
+
 The model may be a ``peft`` LoRA model (:mod:`credo.policy.lora`): :meth:`HFPolicy.save`
 then writes the adapters only, :meth:`HFPolicy.load_weights` restores them exactly, and
 a policy with ``adapters_disabled`` (the frozen reference) runs the same weights with the
@@ -20,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import time
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +36,17 @@ import torch
 import torch.nn.functional as F
 
 from credo.policy.base import Generation, SamplingParams
+from credo.policy.kvcache import (
+    DEFAULT_KV_CACHE_MB,
+    DEFAULT_MIN_PREFIX,
+    KVEntry,
+    KVSessions,
+    KVStats,
+    cache_layers,
+    make_cache,
+    row_entry,
+    stack_caches,
+)
 
 __all__ = ["HFPolicy", "ScoreOutput", "require_peft"]
 
@@ -115,6 +134,15 @@ class HFPolicy:
         #: (below it the saving is nil, and scoring everything keeps the built-in model's
         #: numbers identical to earlier versions).
         self.trim_min_vocab = TRIM_MIN_VOCAB
+        #: Counters of prefill and KV reuse (cumulative, over every generate call).
+        self.kv_stats = KVStats()
+        #: The per-session KV caches (``None``: reuse off); see :meth:`configure_kv_reuse`.
+        self.kv_sessions: KVSessions | None = None
+        #: Why reuse was switched off by the policy itself (a model whose cache is not a
+        #: plain per-layer key/value list), or ``None``.
+        self.kv_off_reason: str | None = None
+        self._weights_stamp: tuple[int, ...] | None = None
+        self.configure_kv_reuse()
 
     @property
     def is_peft(self) -> bool:
@@ -125,6 +153,55 @@ class HFPolicy:
         if self.adapters_disabled and self.is_peft:
             return self.model.disable_adapter()
         return contextlib.nullcontext()
+
+    # ------------------------------------------------------------ sessions
+    def configure_kv_reuse(
+        self,
+        enabled: bool = True,
+        budget_mb: float = DEFAULT_KV_CACHE_MB,
+        *,
+        min_prefix: int = DEFAULT_MIN_PREFIX,
+    ) -> None:
+        """Switch multi-turn KV reuse on or off (on by default) and set its memory budget.
+
+        Args:
+            enabled: keep per-session caches when :meth:`generate` gets ``sessions``
+                (``rollout.kv_reuse``). A model whose cache is not a plain per-layer
+                key/value list switches it off by itself at the first generation
+                (:attr:`kv_off_reason` says why).
+            budget_mb: most MiB of cached keys and values kept between calls
+                (``rollout.kv_cache_mb``); least recently used sessions are evicted
+                beyond it.
+            min_prefix: shortest shared prefix worth reusing, in tokens.
+
+        Drops every cached session.
+        """
+        if budget_mb < 0:
+            raise ValueError(f"the KV cache budget must be ≥ 0 MiB, got {budget_mb}")
+        self.kv_sessions = (
+            KVSessions(int(budget_mb * 2**20), min_prefix, stats=self.kv_stats)
+            if enabled and self.kv_off_reason is None
+            else None
+        )
+
+    @property
+    def kv_reuse(self) -> bool:
+        """Multi-turn KV reuse is on."""
+        return self.kv_sessions is not None
+
+    def end_sessions(self, keys: Iterable[Hashable]) -> None:
+        """Free the cached keys and values of these sessions (finished episodes)."""
+        if self.kv_sessions is not None:
+            self.kv_sessions.end(keys)
+
+    def _fresh_sessions(self, store: KVSessions) -> None:
+        """Drop every cached session when a weight changed since the last call (an
+        optimizer step or :meth:`load_weights` bumps the parameters' version counters):
+        keys and values computed by other weights would no longer be exact."""
+        stamp = tuple(p._version for p in self.model.parameters())
+        if stamp != self._weights_stamp:
+            store.clear()
+            self._weights_stamp = stamp
 
     # ------------------------------------------------------------- loading
     @classmethod
@@ -175,6 +252,8 @@ class HFPolicy:
         """
         from safetensors.torch import load_file
 
+        if self.kv_sessions is not None:
+            self.kv_sessions.clear()  # keys and values of the old weights
         path = Path(path)
         if (path / "adapter_model.safetensors").exists():
             if not self.is_peft:
@@ -235,14 +314,55 @@ class HFPolicy:
         prompts: list[list[int]],
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
+        sessions: Sequence[Hashable] | None = None,
     ) -> list[Generation]:
         """Sample one response per prompt, all prompts in one left-padded batch.
 
         Rows that have produced a stop token keep riding along (their later tokens are
         discarded); the loop ends when every row has stopped or at ``max_new_tokens``.
+
+        Args:
+            prompts: token ids, one list per row.
+            sampling: how to sample.
+            generator: the random stream (``None``: torch's global one).
+            sessions: one opaque key per row (e.g. one per live episode), or ``None``.
+                With KV reuse on (:meth:`configure_kv_reuse`), a row whose prompt starts
+                with at least ``min_prefix`` tokens its session's model already read
+                feeds only the rest; the others get a full prefill. Each row's session
+                then keeps its prompt and response. Free finished sessions with
+                :meth:`end_sessions`.
         """
         if not prompts:
             return []
+        if sessions is not None and len(sessions) != len(prompts):
+            raise ValueError(f"generate: {len(prompts)} prompts but {len(sessions)} sessions")
+        store = self.kv_sessions if sessions is not None else None
+        if store is not None and sessions is not None:
+            self._fresh_sessions(store)
+            rows = [store.take(key, p) for key, p in zip(sessions, prompts)]
+        else:
+            rows = [(0, None)] * len(prompts)
+        if any(c > 0 for c, _ in rows):
+            input_ids, attn, pos, past = self._cached_batch(prompts, rows)
+        else:
+            input_ids, attn = self._full_batch(prompts)
+            pos, past = (attn.cumsum(-1) - 1).clamp(min=0), None
+        self.kv_stats.prefill_tokens += sum(len(p) - c for p, (c, _) in zip(prompts, rows))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._adapters():
+                results, past, attn = self._generate(
+                    input_ids, attn, pos, past, sampling, _on_device(generator, self.device)
+                )
+        finally:
+            self.model.train(was_training)
+        if store is not None and sessions is not None:
+            self._keep(store, sessions, prompts, results, past, attn)
+        return results
+
+    def _full_batch(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask)`` ``[B, W]``: the prompts left-padded."""
         b = len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
@@ -251,28 +371,82 @@ class HFPolicy:
             if len(p):
                 input_ids[i, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
                 attn[i, width - len(p) :] = 1
-        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._adapters():
-                return self._generate(input_ids, attn, sampling, _on_device(generator, self.device))
-        finally:
-            self.model.train(was_training)
+        return input_ids.to(self.device), attn.to(self.device)
+
+    def _cached_batch(
+        self, prompts: list[list[int]], rows: list[tuple[int, KVEntry | None]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """The prefill batch of rows with cached prefixes of lengths ``c_i``.
+
+        Returns ``(input_ids [B, W], attention_mask [B, P + W], position_ids [B, W],
+        cache)``: the cache holds row i's prefix right-aligned in its ``P`` columns, the
+        new tokens ``prompt_i[c_i:]`` are left-padded in ``W`` columns with positions
+        ``c_i, c_i + 1, …``; the mask is 0 on the holes in both blocks.
+        """
+        like = next(e for c, e in rows if c > 0 and e is not None).layers
+        layers, past_mask = stack_caches(rows, like)
+        new = [p[c:] for p, (c, _) in zip(prompts, rows)]
+        b, width = len(prompts), max(len(n) for n in new)
+        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((b, width), dtype=torch.long)
+        pos = torch.zeros((b, width), dtype=torch.long)
+        for i, (n, (c, _)) in enumerate(zip(new, rows)):
+            if n:
+                input_ids[i, width - len(n) :] = torch.as_tensor(n, dtype=torch.long)
+                new_mask[i, width - len(n) :] = 1
+                pos[i, width - len(n) :] = torch.arange(c, c + len(n))
+        attn = torch.cat([past_mask, new_mask], 1)
+        dev = self.device
+        return input_ids.to(dev), attn.to(dev), pos.to(dev), make_cache(layers)
+
+    def _keep(
+        self,
+        store: KVSessions,
+        sessions: Sequence[Hashable],
+        prompts: list[list[int]],
+        results: list[Generation],
+        past: Any,
+        attn: torch.Tensor,
+    ) -> None:
+        """Store each row's prompt and the response tokens the model read (all but the
+        last sampled one, and nothing after a stop token) under its session."""
+        layers = cache_layers(past)
+        if layers is None:
+            self.kv_off_reason = (
+                f"{type(past).__name__} is not a plain per-layer key/value cache "
+                "(sliding-window, recurrent or quantised layers): KV reuse is off"
+            )
+            self.kv_sessions = None
+            return
+        fed = max(len(g.token_ids) for g in results) - 1  # decode steps that fed a token
+        for i, (key, prompt, gen) in enumerate(zip(sessions, prompts, results)):
+            ids = list(prompt) + gen.token_ids[: min(len(gen.token_ids), fed)]
+            row = [(k[i], v[i]) for k, v in layers]
+            store.put(key, row_entry(row, attn[i], ids))
 
     def _generate(
         self,
         input_ids: torch.Tensor,
         attn: torch.Tensor,
+        pos: torch.Tensor,
+        past: Any,
         sampling: SamplingParams,
         generator: torch.Generator | None,
-    ) -> list[Generation]:
+    ) -> tuple[list[Generation], Any, torch.Tensor]:
+        """Prefill (``past``: a cache of earlier columns of ``attn``, or ``None``) and
+        decode; returns the generations, the final cache and the final attention mask
+        (``[B, T]``, one column per cached token)."""
         b = input_ids.shape[0]
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
         keep = {self._keep_arg: 1} if self._keep_arg else {}  # prefill: last position only
+        if past is not None:
+            keep[self._cache_arg] = past
+        start = time.perf_counter()
         out = self.model(
             input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep
         )
+        if self.device.type == "cuda":  # count the prefill, not its launch
+            torch.cuda.synchronize(self.device)
+        self.kv_stats.prefill_seconds += time.perf_counter() - start
         past = _cache_of(out)
         logits = out.logits[:, -1, :].float()
         next_pos = pos[:, -1:] + 1
@@ -332,7 +506,7 @@ class HFPolicy:
                     topk_logprobs=top_lp_mat[i, :n].clone() if top_lp_mat is not None else None,
                 )
             )
-        return results
+        return results, past, attn
 
     # ------------------------------------------------------------- scoring
     def score(

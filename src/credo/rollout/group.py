@@ -35,6 +35,7 @@ import torch
 
 from credo.data import Episode, ForestBuilder, RolloutForest, Step
 from credo.envs.base import Task, privileged_context, snapshot_env, step_env
+from credo.policy.base import SessionPolicy
 from credo.rollout.envguard import EnvCallError, check_observation, check_step_result, env_call
 from credo.rollout.render import Turn
 from credo.rollout.sampler import SamplerContext, register_sampler
@@ -311,6 +312,8 @@ def run_episodes(runners: list[EpisodeRunner], ctx: SamplerContext) -> tuple[int
     :func:`take_step`).
     """
     policy, renderer = ctx.policy, ctx.renderer
+    # one KV-cache session per runner (multi-turn reuse, credo.policy.kvcache)
+    keys = {id(r): object() for r in runners} if isinstance(policy, SessionPolicy) else {}
     env_steps = gen_tokens = 0
     while True:
         for r in runners:
@@ -321,7 +324,8 @@ def run_episodes(runners: list[EpisodeRunner], ctx: SamplerContext) -> tuple[int
             break
         prompts = [renderer.prompt_ids(r.instruction, r.history, r.observation) for r in live]
         inputs = [p + r.forced.ids if r.forced else p for r, p in zip(live, prompts)]
-        gens = policy.generate(inputs, ctx.sampling, ctx.generator)
+        extra = {"sessions": [keys[id(r)] for r in live]} if keys else {}
+        gens = policy.generate(inputs, ctx.sampling, ctx.generator, **extra)
         for r, prompt, gen in zip(live, prompts, gens):
             gen_tokens += len(gen.token_ids)
             response, logprobs, text = list(gen.token_ids), gen.logprobs.tolist(), gen.text
@@ -352,6 +356,10 @@ def run_episodes(runners: list[EpisodeRunner], ctx: SamplerContext) -> tuple[int
                 texts=state_texts(r, ctx.texts) if ctx.texts else None,
             ):
                 env_steps += 1
+        if keys:  # free the caches of the episodes that just ended
+            policy.end_sessions([keys.pop(id(r)) for r in live if r.done])  # type: ignore[attr-defined]
+    if keys:
+        policy.end_sessions(keys.values())  # type: ignore[attr-defined]
     return env_steps, gen_tokens
 
 

@@ -250,6 +250,7 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
         if policy_path is not None
         else _policy(cfg, env, make)
     )
+    policy.configure_kv_reuse(cfg.rollout.kv_reuse, cfg.rollout.kv_cache_mb)
     renderer = build_renderer(cfg, policy, builtin=builtin, env=env, make=make)
     check_round_trip(make, [Task.make("train", i) for i in range(2)], policy.tokenizer, renderer)
     agent = AgentSession(agent_params(cfg)) if cfg.rollout.agent else None

@@ -152,6 +152,17 @@ class RolloutConfig:
             iteration's, batched by the server). 1 makes agent runs bit-for-bit
             reproducible, ``--resume`` included; with more, which requests share a batch
             depends on timing.
+        kv_reuse: keep each episode's KV cache between its turns and feed only the new
+            tokens when the next prompt starts with what the model already read (default
+            true; :mod:`credo.policy.kvcache`). Prompts that do not extend it (a sliding
+            history window, a template that rewrites earlier turns) get a full prefill,
+            decided from the token ids; models whose cache is not a plain per-layer
+            key/value list (sliding-window or recurrent layers) switch it off by
+            themselves. Exact: the samples are those without reuse (up to floating-point
+            summation order).
+        kv_cache_mb: most MiB of cached keys and values kept between turns (default 1024);
+            beyond it the least recently used episodes lose their cache and fall back to a
+            full prefill. The caches of finished episodes are freed at once.
     """
 
     sampler: str = "group"
@@ -178,6 +189,8 @@ class RolloutConfig:
     agent: str | None = None
     agent_timeout_s: float = 300.0
     agent_concurrency: int | None = None
+    kv_reuse: bool = True
+    kv_cache_mb: float = 1024.0
 
 
 @dataclass

@@ -127,6 +127,7 @@ def _rollout(cfg: Config) -> None:
             "rollout.chat_examples": r.chat_examples,
             "rollout.aux_samples": r.aux_samples,
             "rollout.topk_logprobs": r.topk_logprobs,
+            "rollout.kv_cache_mb": r.kv_cache_mb,
         },
     )
     _in_range("rollout.top_p", r.top_p, 0, 1, open_low=True)
