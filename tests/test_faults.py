@@ -40,27 +40,13 @@ import credo
 from credo.envs.base import ENVS, register_env
 from credo.train.config import load_config
 from credo.train.loop import train
+from small_run import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples.custom_env import GuessEnv  # noqa: E402
 
-SMALL = [
-    "env.name=examples.custom_env:GuessEnv",
-    "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128}",
-    "sft.episodes=600",
-    "sft.steps=120",
-    "sft.noisy_episodes=200",
-    "sft.noisy_steps=20",
-    "sft.epsilon=0.5",
-    "rollout.tasks_per_iter=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=6",
-    "optim.lr=5e-4",
-    "eval.episodes=16",
-    "train.threads=1",
-]
 ITERATIONS = 4
 CREDO_SRC = str(Path(credo.__file__).resolve().parents[1])
 VOLATILE = ("time/", "perf/")

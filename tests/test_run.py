@@ -12,22 +12,12 @@ from credo.train.commands import evaluate_target, run_sft
 from credo.train.config import load_config
 from credo.train.loop import train
 from credo.train.run import build_run
+from small_run import WARM
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-GUESS = [
-    "env.name=examples.custom_env:GuessEnv",
-    "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128}",
-    "sft.episodes=600",
-    "sft.steps=120",
-    "sft.noisy_episodes=200",
-    "sft.noisy_steps=20",
-    "sft.epsilon=0.5",
-    "rollout.max_new_tokens=6",
-    "eval.episodes=24",
-    "train.threads=1",
-]
+GUESS = [*WARM, "eval.episodes=24"]
 
 
 @pytest.mark.slow
@@ -55,9 +45,9 @@ def test_the_run_evaluator_samples_without_klpo_draws() -> None:
     assert run.sampling.aux_samples == 16 and run.sampling.topk_logprobs == 4
     calls = []
 
-    def spy(prompts, sampling, generator=None):  # type: ignore[no-untyped-def]
+    def spy(prompts, sampling, generator=None, **kw):  # type: ignore[no-untyped-def]
         calls.append(sampling)
-        return real(prompts, sampling, generator)
+        return real(prompts, sampling, generator, **kw)
 
     real = run.policy.generate
     run.policy.generate = spy  # type: ignore[method-assign]

@@ -30,6 +30,7 @@ from credo.tasks import (
 )
 from credo.train.config import ConfigError, load_config
 from credo.train.loop import train
+from small_run import SMALL as SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -256,23 +257,13 @@ def test_env_variants_keep_the_structure_with_new_entities(env: object, kind: ob
 
 # ----------------------------------------------------------------- in training
 SMALL = [
+    *SMALL_RUN,
     "env.name=test_tasks_rods:VariantGuessEnv",
-    "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128}",
-    "sft.episodes=600",
-    "sft.steps=120",
-    "sft.noisy_episodes=200",
-    "sft.noisy_steps=20",
-    "sft.epsilon=0.5",
-    "rollout.tasks_per_iter=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=6",
     "rollout.train_tasks=50",
     "tasks.source=rods",
     "tasks.params={seed_pool: 6, max_pool: 10, retire_after: 1, tau_v: 0.5}",
-    "optim.lr=5e-4",
     "eval.episodes=8",
     "train.checkpoint_every=2",
-    "train.threads=1",
 ]
 
 

@@ -25,29 +25,14 @@ import pytest
 
 from credo.train.config import load_config, recipe_names
 from credo.train.loop import train
+from small_run import SMALL as SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 GOLDEN = Path(__file__).parent / "data" / "golden_metrics.json"
 VOLATILE = ("time/", "perf/", "teacher/seconds")  # wall-clock measurements
 
-SMALL = [
-    "env.name=examples.custom_env:GuessEnv",
-    "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128}",
-    "sft.episodes=600",
-    "sft.steps=120",
-    "sft.noisy_episodes=200",
-    "sft.noisy_steps=20",
-    "sft.epsilon=0.5",
-    "rollout.tasks_per_iter=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=6",
-    "optim.lr=5e-4",
-    "eval.episodes=16",
-    "train.iterations=3",
-    "train.checkpoint_every=2",
-    "train.threads=1",
-]
+SMALL = [*SMALL_RUN, "train.iterations=3", "train.checkpoint_every=2"]
 
 #: Recipes whose teacher is a folder given on the command line (``opd``, ``oprd``): they
 #: run end to end, with a teacher made in the test, in tests/test_train_teachers.py.

@@ -25,26 +25,12 @@ from credo.train.run import Run, build_run, env_vocabulary
 from credo.train.state import TrainState
 from credo.train.teaching import row_histories
 from credo.train.warmstart import start_policy
+from small_run import SMALL as SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SMALL = [
-    "env.name=examples.custom_env:GuessEnv",
-    "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128}",
-    "sft.episodes=600",
-    "sft.steps=120",
-    "sft.noisy_episodes=200",
-    "sft.noisy_steps=20",
-    "sft.epsilon=0.5",
-    "rollout.tasks_per_iter=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=6",
-    "optim.lr=5e-4",
-    "eval.episodes=16",
-    "train.checkpoint_every=2",
-    "train.threads=1",
-]
+SMALL = [*SMALL_RUN, "train.checkpoint_every=2"]
 
 #: End-to-end cases: (recipe, overrides besides SMALL). GuessEnv's answer is its final
 #: guess, so MT-SDPO's anchors drop it; MT-SDPO runs on the teacher's signal alone (β = 1,
