@@ -131,3 +131,27 @@ def test_bad_templates_and_plain_fallback() -> None:
     assert isinstance(
         make_renderer(tok, builtin=True, history_turns=2, env=ShopEnv()), PlainRenderer
     )
+
+
+def test_few_shot_examples_skip_tasks_where_the_env_raises() -> None:
+    from examples.custom_env import GuessEnv
+
+    from credo.rollout.render import oracle_examples
+
+    class SometimesBroken(GuessEnv):
+        def reset(self, task, seed=0):  # type: ignore[no-untyped-def]
+            if task.seed % 2 == 0:
+                raise RuntimeError(f"no game for task {task.seed}")
+            return super().reset(task, seed)
+
+    class AlwaysBroken(GuessEnv):
+        def reset(self, task, seed=0):  # type: ignore[no-untyped-def]
+            raise RuntimeError("the game server went away")
+
+    healthy = oracle_examples(GuessEnv, 3)
+    assert len(healthy) == 3  # tasks train/0, 1, 2 as before
+    some = oracle_examples(SometimesBroken, 3)
+    assert len(some) == 3  # odd tasks 1, 3, 5 instead
+    assert [t for t, _ in some] == [t for t, _ in oracle_examples(GuessEnv, 6)[1::2]]
+    with pytest.raises(ValueError, match=r"^RuntimeError: the game server went away"):
+        oracle_examples(AlwaysBroken, 2)

@@ -457,6 +457,28 @@ def test_play_ctrl_c_and_eof(
     assert rc == 0 and "left the episode" in out and "Traceback" not in err
 
 
+from examples.custom_env import GuessEnv as _GuessEnv  # noqa: E402
+
+
+class StepRaisesGuess(_GuessEnv):
+    """GuessEnv whose step() always raises (a broken env a user plays)."""
+
+    def step(self, action: str):  # type: ignore[no-untyped-def]
+        raise ConnectionError("the game server went away")
+
+
+def test_play_with_an_env_that_raises_is_one_line(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("builtins.input", lambda prompt="": "guess[1]")
+    rc, _, err = _run(["play", "--env", "test_cli:StepRaisesGuess", "sft.enabled=false"], capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip().startswith(
+        "error: the env raised ConnectionError: the game server went away"
+    )
+    assert "test_cli.py" in err and "in step" in err
+
+
 # ------------------------------------------------------------------ envs and check-env
 def test_envs_by_entry_point_and_module_variable(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch

@@ -367,6 +367,21 @@ def cmd_play(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, EOFError):
         print("\nleft the episode")
         return 0
+    except Exception as exc:  # the env itself failed: say so in one line, no traceback
+        where = _env_frame(exc)
+        print(f"error: the env raised {type(exc).__name__}: {exc}{where}", file=sys.stderr)
+        return 2
+
+
+def _env_frame(exc: BaseException) -> str:
+    """`` [file:line in function]`` of the innermost frame of ``exc`` outside credo."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/credo/" not in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" [{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}]"
 
 
 def _play(env: Any, task: Any, name: str) -> int:

@@ -251,34 +251,53 @@ def oracle_examples(
 ) -> list[tuple[str, list[Turn]]]:
     """``count`` demonstration episodes of the env's oracle, for a few-shot chat prompt.
 
-    The oracle plays training tasks ``train/0 .. train/count-1`` (never held-out tasks);
-    each episode is ``(instruction, [Turn(observation, action), ...])``.
+    The oracle plays training tasks ``train/0, train/1, ...`` (never held-out tasks);
+    each episode is ``(instruction, [Turn(observation, action), ...])``. A task on which
+    the env raises is skipped (a flaky env costs a demonstration, not the run), trying
+    at most ``4 · count`` tasks.
 
     Raises:
-        ValueError: the env has no ``oracle_action``.
+        ValueError: the env has no ``oracle_action``, or it raised on every task tried
+            (the message starts with the env's own error).
     """
     from credo.envs.base import Task
 
     out: list[tuple[str, list[Turn]]] = []
-    for i in range(count):
+    first_error = None
+    for i in range(4 * count):
+        if len(out) == count:
+            break
         env = make_env()
         if not hasattr(env, "oracle_action"):
             raise ValueError(
                 f"{type(env).__name__} has no oracle_action(): cannot make few-shot examples "
                 "(set rollout.chat_examples=0)"
             )
-        obs = env.reset(Task.make("train", i), 0)
-        instruction = env.instruction() if hasattr(env, "instruction") else obs
-        turns = []
-        for _ in range(max_turns):
-            action = env.oracle_action()
-            res = env.step(action)
-            turns.append(Turn(obs, action))
-            obs = res.observation
-            if res.done:
-                break
-        out.append((instruction, turns))
+        try:
+            out.append(_oracle_episode(env, Task.make("train", i), max_turns))
+        except Exception as exc:  # the env raised: skip this task
+            first_error = first_error or f"{type(exc).__name__}: {exc}"
+    if count and not out and first_error is not None:
+        raise ValueError(
+            f"{first_error} (the env raised on every few-shot demonstration it was asked "
+            "for; fix the env or set rollout.chat_examples=0)"
+        )
     return out
+
+
+def _oracle_episode(env: Any, task: Any, max_turns: int) -> tuple[str, list[Turn]]:
+    """One oracle episode of ``env`` on ``task``: ``(instruction, turns)``."""
+    obs = env.reset(task, 0)
+    instruction = env.instruction() if hasattr(env, "instruction") else obs
+    turns = []
+    for _ in range(max_turns):
+        action = env.oracle_action()
+        res = env.step(action)
+        turns.append(Turn(obs, action))
+        obs = res.observation
+        if res.done:
+            break
+    return instruction, turns
 
 
 def make_renderer(
