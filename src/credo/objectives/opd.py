@@ -54,8 +54,8 @@ import math
 import torch
 
 from credo.objectives.inputs import LossInputs
-from credo.objectives.metrics import masked_weights, policy_metrics
-from credo.objectives.ppo import ppo_clip
+from credo.objectives.metrics import masked_weights
+from credo.objectives.ppo import with_ppo_term
 from credo.objectives.ratios import token_log_ratio
 from credo.objectives.registry import needs_teacher, register_loss
 
@@ -273,26 +273,15 @@ def opd(
     sur, k, m = distill_terms(inputs, estimator=estimator, tail_floor=tail_floor)
     w = masked_weights(inputs.weights, m).to(sur.dtype)
     distill = (w * sur).sum()
-    loss = distill_coef * distill
-    if rl_coef > 0:
-        rl_loss, metrics = ppo_clip(
-            inputs,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            dual_clip=dual_clip,
-            ratio_level=ratio_level,
-        )
-        loss = loss + rl_coef * rl_loss
-        metrics["loss/policy"] = loss.detach()
-    else:
-        wm = masked_weights(inputs.weights, inputs.mask)
-        metrics = policy_metrics(
-            loss=loss,
-            weights=wm,
-            token_log_ratio=token_log_ratio(inputs.logprobs, inputs.old_logprobs, inputs.mask),
-            entropy=inputs.entropy,
-            mask=inputs.mask,
-        )
+    loss, metrics = with_ppo_term(
+        inputs,
+        distill_coef * distill,
+        rl_coef,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        ratio_level=ratio_level,
+    )
     metrics.update(_distill_metrics(inputs, distill, k, w, m))
     return loss, metrics
 

@@ -23,7 +23,11 @@ from credo.objectives.metrics import masked_weights, policy_metrics
 from credo.objectives.ratios import RATIO_LEVELS, log_ratio, token_log_ratio
 from credo.objectives.registry import register_loss
 
-__all__ = ["ppo_clip", "ppo_token_loss"]
+__all__ = [
+    "ppo_clip",
+    "ppo_token_loss",
+    "with_ppo_term",
+]
 
 
 def ppo_token_loss(
@@ -110,5 +114,40 @@ def ppo_clip(
         clipped=clipped,
         entropy=inputs.entropy,
         mask=m,
+    )
+    return loss, metrics
+
+
+def with_ppo_term(
+    inputs: LossInputs,
+    loss: torch.Tensor,
+    rl_coef: float,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    ratio_level: str = "token",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``loss + rl_coef·L_PPO`` for a loss that may carry a PPO-clip term beside it (the
+    distillation losses), with the metrics: :func:`ppo_clip`'s own (``loss/policy`` the
+    combined loss) when ``rl_coef`` > 0, else the common ``policy/`` metrics of ``loss``
+    alone (no PPO pass)."""
+    if rl_coef > 0:
+        rl_loss, metrics = ppo_clip(
+            inputs,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            dual_clip=dual_clip,
+            ratio_level=ratio_level,
+        )
+        loss = loss + rl_coef * rl_loss
+        metrics["loss/policy"] = loss.detach()
+        return loss, metrics
+    metrics = policy_metrics(
+        loss=loss,
+        weights=masked_weights(inputs.weights, inputs.mask),
+        token_log_ratio=token_log_ratio(inputs.logprobs, inputs.old_logprobs, inputs.mask),
+        entropy=inputs.entropy,
+        mask=inputs.mask,
     )
     return loss, metrics

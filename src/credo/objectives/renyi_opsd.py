@@ -36,10 +36,9 @@ import math
 import torch
 
 from credo.objectives.inputs import LossInputs
-from credo.objectives.metrics import masked_weights, policy_metrics
+from credo.objectives.metrics import masked_weights
 from credo.objectives.opd import check_same_support, distill_mask
-from credo.objectives.ppo import ppo_clip
-from credo.objectives.ratios import token_log_ratio
+from credo.objectives.ppo import with_ppo_term
 from credo.objectives.registry import needs_teacher, register_loss
 
 __all__ = ["mixed_target", "renyi_divergence", "renyi_opsd"]
@@ -166,25 +165,15 @@ def renyi_opsd(
     d = torch.where(m, d, zero)
     w = masked_weights(inputs.weights, m).to(dtype)
     distill = (w * d).sum()
-    loss = coef * distill
-    if rl_coef > 0:
-        rl_loss, metrics = ppo_clip(
-            inputs,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            dual_clip=dual_clip,
-            ratio_level=ratio_level,
-        )
-        loss = loss + rl_coef * rl_loss
-        metrics["loss/policy"] = loss.detach()
-    else:
-        metrics = policy_metrics(
-            loss=loss,
-            weights=masked_weights(inputs.weights, inputs.mask),
-            token_log_ratio=token_log_ratio(inputs.logprobs, inputs.old_logprobs, inputs.mask),
-            entropy=inputs.entropy,
-            mask=inputs.mask,
-        )
+    loss, metrics = with_ppo_term(
+        inputs,
+        coef * distill,
+        rl_coef,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        ratio_level=ratio_level,
+    )
     with torch.no_grad():
         pd = p_log.detach()
         kl = torch.where(m, renyi_divergence(pd, q_log, 1.0), zero)
