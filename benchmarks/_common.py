@@ -14,13 +14,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+def print_table(
+    title: str, columns: list[str], rows: list[list[Any]], *, width: int | None = None
+) -> None:
     table = Table(title=title)
     for c in columns:
         table.add_column(c)
     for r in rows:
         table.add_row(*[str(x) for x in r])
-    Console().print(table)
+    Console(width=width).print(table)
 
 
 def warm_policy(cfg: Any, path: str | None = None) -> tuple[Any, Any]:

@@ -47,6 +47,7 @@ from credo.policy.kvcache import (
     row_entry,
     stack_caches,
 )
+from credo.policy.precision import precision
 
 __all__ = ["HFPolicy", "ScoreOutput", "require_peft"]
 
@@ -149,10 +150,16 @@ class HFPolicy:
         """The model is a ``peft`` model (LoRA adapters)."""
         return hasattr(self.model, "disable_adapter") and hasattr(self.model, "peft_config")
 
-    def _adapters(self) -> contextlib.AbstractContextManager[Any]:
-        if self.adapters_disabled and self.is_peft:
-            return self.model.disable_adapter()
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _running(self) -> Any:
+        """The context of every forward pass: the adapters switched off for a frozen
+        reference, and autocast when the model is marked for mixed precision
+        (:mod:`credo.policy.precision`)."""
+        with contextlib.ExitStack() as stack:
+            if self.adapters_disabled and self.is_peft:
+                stack.enter_context(self.model.disable_adapter())
+            stack.enter_context(precision(self.model, self.device))
+            yield
 
     # ------------------------------------------------------------ sessions
     def configure_kv_reuse(
@@ -351,7 +358,7 @@ class HFPolicy:
         was_training = self.model.training
         self.model.eval()
         try:
-            with self._adapters():
+            with self._running():
                 results, past, attn = self._generate(
                     input_ids, attn, pos, past, sampling, _on_device(generator, self.device)
                 )
@@ -567,7 +574,7 @@ class HFPolicy:
         entropy_grad: bool,
         extra_ids: torch.Tensor | None,
     ) -> ScoreOutput:
-        with self._adapters():
+        with self._running():
             logits = self.model(
                 input_ids=input_ids, attention_mask=mask.long(), use_cache=False
             ).logits
@@ -619,7 +626,7 @@ class HFPolicy:
         ids = input_ids.gather(1, src.clamp(min=0)).masked_fill(~real, self.pad_id)
         pos = (real.long().cumsum(1) - 1).clamp(min=0)
         keep = {self._keep_arg: k + 1} if self._keep_arg else {}
-        with self._adapters():
+        with self._running():
             logits = self.model(
                 input_ids=ids,
                 attention_mask=real.long(),

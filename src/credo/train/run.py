@@ -26,6 +26,7 @@ from credo.policy.engine import EngineView, GenerationEngine, HFEngine, make_eng
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import apply_lora
 from credo.policy.models import model_problem
+from credo.policy.precision import enable_mixed_precision
 from credo.policy.tiny import create_tiny_policy
 from credo.policy.tokenizer import build_word_tokenizer
 from credo.rollout import (
@@ -431,6 +432,7 @@ def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
         policy = HFPolicy.from_pretrained(path, device=device, dtype=_dtype(cfg, device))
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
+    enable_mixed_precision(policy.model, cfg.model.mixed_precision)
     return policy
 
 

@@ -64,6 +64,8 @@ def warm_start_key(cfg: Config) -> str:
         model["lora"] = asdict(cfg.model.lora)
     if cfg.model.dtype != "float32":
         model["dtype"] = cfg.model.dtype
+    if cfg.model.mixed_precision is not None:
+        model["mixed_precision"] = cfg.model.mixed_precision
     key: dict[str, Any] = {
         "env": asdict(cfg.env),
         "model": model,

@@ -111,6 +111,14 @@ def _env_workers(cfg: Config) -> None:
 def _model(cfg: Config) -> None:
     m = cfg.model
     _choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16", "auto"))
+    if m.mixed_precision is not None:
+        _choice("model.mixed_precision", m.mixed_precision, ("bf16",))
+    if m.mixed_precision is not None and m.dtype != "float32":
+        raise ConfigError(
+            f"model.mixed_precision={m.mixed_precision} keeps float32 weights and runs the "
+            f"products in bfloat16, but model.dtype={m.dtype}: set model.dtype=float32 "
+            "(or model.mixed_precision=null)"
+        )
     if m.device.startswith("cuda"):
         import torch
 
