@@ -118,7 +118,9 @@ def base_overrides(args: argparse.Namespace) -> list[str]:
 
 def _cpu_bf16(args: argparse.Namespace) -> bool:
     """Mixed precision by default on a CPU with bfloat16 matrix units (AMX/AVX-512)."""
-    device = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model.device=")), "cpu")
+    device = next(
+        (o.split("=", 1)[1] for o in args.overrides if o.startswith("model.device=")), "cpu"
+    )
     if device != "cpu":
         return False
     import torch
@@ -230,9 +232,9 @@ def run_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         )
         resume = run_dir if (run_dir / "metrics.jsonl").exists() else None
         if resume is not None:
-            from credo.train.config import Config
-
             import yaml
+
+            from credo.train.config import Config
 
             cfg = Config.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
         res = train(cfg, resume=resume, quiet=True)
@@ -287,9 +289,7 @@ def spawn(args: argparse.Namespace, phase: str, argv: list[str], out: Path) -> d
 
 
 def interval(ev: dict[str, Any]) -> str:
-    return (
-        f"{100 * ev['success_rate']:.1f} % [{100 * ev['ci_low']:.1f}, {100 * ev['ci_high']:.1f}]"
-    )
+    return f"{100 * ev['success_rate']:.1f} % [{100 * ev['ci_low']:.1f}, {100 * ev['ci_high']:.1f}]"
 
 
 def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:

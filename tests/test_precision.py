@@ -118,7 +118,7 @@ def test_bad_settings_stop_in_one_line() -> None:
         enable_mixed_precision(_policy().model, "fp8")
     half = _policy()
     half.model.to(torch.bfloat16)
-    with pytest.raises(ValueError, match="set model.dtype=float32"):
+    with pytest.raises(ValueError, match=r"set model\.dtype=float32"):
         enable_mixed_precision(half.model, "bf16")
 
 
