@@ -24,6 +24,9 @@ What N processes do, and why the result is the 1-process update on the same glob
    (:func:`reduce_gradients`), which is the gradient of the whole mini-batch — the same
    one a single process accumulates. Clipping and the AdamW step then run on identical
    gradients in every rank, so the weights stay equal without a broadcast.
+   With an accelerate FSDP config the trainer is sharded (:mod:`credo.train.fsdp`):
+   every rank then runs the same number of passes (:func:`padding`) and FSDP's
+   reduce-scatter does the sum.
 4. **Rank 0 owns the run folder**: the run lock, ``config.yaml``, checkpoints (already
    written atomically), ``metrics.jsonl``, the progress bar, the held-out evaluations and
    the final policy. Other ranks keep their own env-error log under ``ranks/<r>/``
@@ -54,6 +57,7 @@ import torch.distributed as dist
 
 from credo.data import RolloutForest
 from credo.rollout import RolloutResult
+from credo.train import fsdp
 from credo.utils.atomic import write_text_atomic
 
 __all__ = [
@@ -67,6 +71,7 @@ __all__ = [
     "main_first",
     "my_share",
     "note_processes",
+    "padding",
     "rank",
     "rank_dir",
     "rank_seed",
@@ -74,6 +79,7 @@ __all__ = [
     "setup",
     "shard",
     "shard_bounds",
+    "sharded",
     "sum_metrics",
     "teardown",
     "world_size",
@@ -84,8 +90,18 @@ T = TypeVar("T")
 #: Default seconds any collective may wait (``CREDO_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 1800.0
 
-#: What ``accelerate launch`` sets for the engines that shard the model (not supported).
+#: What ``accelerate launch`` sets for the engines that shard the model (FSDP is supported:
+#: :mod:`credo.train.fsdp`; the others are refused, :data:`REFUSED_ENGINES`).
 SHARDED_ENGINES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_MEGATRON_LM")
+
+#: The sharded engines credo refuses, and why (one line each).
+REFUSED_ENGINES = {
+    "ACCELERATE_USE_DEEPSPEED": (
+        "DeepSpeed's engine would replace credo's own update (summed micro-batch gradients, "
+        "clipping, AdamW) and is not integrated"
+    ),
+    "ACCELERATE_USE_MEGATRON_LM": "Megatron-LM's tensor/pipeline parallelism is not integrated",
+}
 
 #: ``rollout.stats`` keys that are means over a rank's episodes (averaged across ranks,
 #: weighted by episodes); every other key is a count (summed).
@@ -149,9 +165,14 @@ def setup(device: str = "auto") -> bool:
     or with ``WORLD_SIZE=1`` nothing happens. The backend is NCCL when the model goes to a
     CUDA device (each rank on ``cuda:LOCAL_RANK``), else gloo. Idempotent.
 
+    With an accelerate FSDP config (``ACCELERATE_USE_FSDP``), its settings are checked
+    here (:func:`credo.train.fsdp.settings`) and the trainer is sharded later
+    (:func:`sharded`).
+
     Raises:
-        ValueError: a sharded engine was asked for (:data:`SHARDED_ENGINES`), or the
-            launcher's variables are incomplete or malformed.
+        ValueError: DeepSpeed or Megatron-LM was asked for (:data:`REFUSED_ENGINES`), an
+            FSDP setting credo does not support, or the launcher's variables are
+            incomplete or malformed.
 
     Args:
         device: ``model.device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
@@ -159,14 +180,16 @@ def setup(device: str = "auto") -> bool:
     Returns:
         Whether several processes train together.
     """
-    sharded = [n for n in SHARDED_ENGINES if os.environ.get(n, "").lower() in ("1", "true")]
-    if sharded:
+    refused = [n for n in REFUSED_ENGINES if os.environ.get(n, "").lower() in ("1", "true")]
+    if refused:
         raise ValueError(
-            f"{sharded[0]} is set (an accelerate config with FSDP, DeepSpeed or Megatron-LM): "
-            "credo trains data-parallel with a full model in every process and does not shard "
-            "it; launch with accelerate launch --multi_gpu (or torchrun) instead, see "
+            f"{refused[0]} is set (an accelerate config with DeepSpeed or Megatron-LM): "
+            f"{REFUSED_ENGINES[refused[0]]}; use an FSDP config (examples/accelerate/fsdp.yaml) "
+            "or plain data parallelism (accelerate launch --multi_gpu, torchrun), see "
             "docs/engines/accelerate.md"
         )
+    if fsdp.requested():
+        fsdp.settings()  # a setting credo does not support stops here, in one line
     size = _env_int("WORLD_SIZE", 1)
     if size < 1:
         raise ValueError(f"WORLD_SIZE={size}: expected at least 1 process")
@@ -196,6 +219,12 @@ def _device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def sharded() -> bool:
+    """The trainer is sharded over the processes (an accelerate FSDP config, several
+    processes): see :mod:`credo.train.fsdp`."""
+    return active() and fsdp.requested()
 
 
 def barrier() -> None:
@@ -297,6 +326,16 @@ def my_share(chunks: Sequence[T]) -> list[T]:
     return list(chunks[rank() :: world_size()])
 
 
+def padding(chunks: int) -> int:
+    """How many zero-weight passes this rank adds to its :func:`my_share` of ``chunks``
+    micro-batches so that every rank runs ``ceil(chunks / N)`` passes, as a sharded
+    trainer needs (its collectives pair up pass by pass); 0 unsharded or alone."""
+    if not sharded():
+        return 0
+    size = world_size()
+    return -(-chunks // size) - len(range(rank(), chunks, size))
+
+
 def _shift_groups(result: RolloutResult, offset: int) -> tuple[RolloutForest, list[Any]]:
     """A rank's forest and episodes with group ids counted from the global ``offset``."""
     forest = result.forest
@@ -340,9 +379,10 @@ def reduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
 
     A parameter no rank gave a gradient keeps ``grad = None`` (AdamW then skips it, as in
     one process); one that some ranks did not reach counts zero there. One all-reduce per
-    dtype over a flat buffer.
+    dtype over a flat buffer. A sharded trainer's gradients are summed by FSDP's
+    reduce-scatter already: nothing to do.
     """
-    if not active():
+    if not active() or sharded():
         return
     params = [p for p in params if p.requires_grad]
     dev = _device()

@@ -234,6 +234,7 @@ def _iterate(
                         and last_saved != it
                         and isinstance(exc, EnvFailure)
                         and dp.is_main()
+                        and state.trainer is None  # FSDP: saving is a collective
                     ):
                         # nothing of this iteration was applied: save the state it started
                         # from, with the RNG states it started with
@@ -249,8 +250,7 @@ def _iterate(
                 done = state.iteration
                 stopping = dp.any_rank(stop.requested)  # every rank stops after the same one
                 if done % every == 0 or done == total or stopping:
-                    if dp.is_main():
-                        state.save(run_dir, cfg.train.keep_checkpoints)
+                    state.save(run_dir, cfg.train.keep_checkpoints)  # written by rank 0
                     last_saved = done
                 if stopping:
                     progress.warn(

@@ -27,6 +27,7 @@ from credo.rollout import SamplerContext, sample_groups
 from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
 from credo.train import distributed as dp
+from credo.train import fsdp
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
 from credo.train.judging import Judging
 from credo.train.profiles import needs_profiles
@@ -52,6 +53,9 @@ class TrainState:
         iteration: iterations completed.
         env_steps_total: env steps taken by all iterations so far.
         tasks: the task source (``tasks.source``; RODS's buffer is state too).
+        trainer: with an accelerate FSDP config, the sharded copy of ``policy`` that the
+            optimizer updates (``policy`` is then the full sampling copy, refreshed after
+            every update: :mod:`credo.train.fsdp`); ``None`` otherwise.
     """
 
     policy: HFPolicy
@@ -64,6 +68,7 @@ class TrainState:
     env_steps_total: int = 0
     tasks: TaskSource | None = None
     judging: Judging | None = None
+    trainer: HFPolicy | None = None
 
     @classmethod
     def start(
@@ -97,8 +102,12 @@ class TrainState:
             policy.load_weights(checkpoint / "policy")
             if reference is not None and not lora:
                 reference.load_weights(run_dir / "reference")
+        trainer = None
+        if dp.sharded():  # accelerate's FSDP: the optimizer updates a sharded copy
+            fsdp.check_config(cfg)
+            trainer = fsdp.shard_policy(policy, fsdp.settings())
         optimizer = torch.optim.AdamW(
-            trainable_parameters(policy.model),
+            trainable_parameters((trainer or policy).model),
             lr=cfg.optim.lr,
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
@@ -108,8 +117,11 @@ class TrainState:
             policy, optimizer, reference, est_state, smp_state, teaching, tasks=_task_source(run)
         )
         state.judging = Judging.from_run(cfg, run.make_env, run_dir, policy.device)  # SERPO
+        state.trainer = trainer
         if checkpoint is not None:
-            saved = load_checkpoint(checkpoint, optimizer)
+            saved = load_checkpoint(
+                checkpoint, fsdp.FullStateOptimizer(optimizer) if trainer else optimizer
+            )
             state.iteration, state.env_steps_total = saved["iteration"], saved["env_steps_total"]
             for obj, key in (
                 (est_state, "estimator_state"),
@@ -128,13 +140,20 @@ class TrainState:
             seed_estimator_state(run, est_state)
         return state
 
-    def save(self, run_dir: Path, keep: int) -> Path:
-        """Write checkpoint ``step_<iteration>`` (keeping the ``keep`` newest)."""
+    def save(self, run_dir: Path, keep: int) -> Path | None:
+        """Write checkpoint ``step_<iteration>`` (keeping the ``keep`` newest) on rank 0;
+        every rank calls it (a sharded trainer's optimizer state is gathered first), the
+        others get ``None``."""
+        optimizer: Any = self.optimizer
+        if self.trainer is not None:  # a collective: full AdamW moments, one file set
+            optimizer = fsdp.gathered_optimizer(self.optimizer)
+        if not dp.is_main():
+            return None
         return save_checkpoint(
             run_dir,
             self.iteration,
             self.policy,
-            self.optimizer,
+            optimizer,
             {
                 "env_steps_total": self.env_steps_total,
                 "estimator_state": _state_dict(self.estimator_state),

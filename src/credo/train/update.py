@@ -45,6 +45,7 @@ from credo.policy.lora import trainable_parameters
 from credo.rollout import OracleBatch
 from credo.teachers import teacher_extra_ids, teacher_loss_extras
 from credo.train import distributed as dp
+from credo.train import fsdp
 from credo.train.config import Config
 
 __all__ = ["UpdateContext", "kl_reward_penalty_rows", "policy_update", "score_batch"]
@@ -400,6 +401,9 @@ def _minibatch_step(
             else:
                 metrics[k] += float(v)
         metrics["loss/total"] += float(loss.detach())
+    for _ in range(dp.padding(len(chunks))):  # FSDP: as many passes as the other ranks
+        idle = mb.index(chunks[0]).trim()
+        fsdp.idle_pass(ctx.policy, idle.input_ids, idle.attention_mask)
     if oracle_part is not None:  # this mini-batch's share of the continuations, in order
         oracle, log_w, index, parts = oracle_part
         part = oracle.chain * parts // max(1, oracle.num_chains)
@@ -412,8 +416,8 @@ def _minibatch_step(
     for k in metrics:
         if k.startswith("policy/") and k not in EXTREMES and total_w > 0:
             metrics[k] /= total_w
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        trainable_parameters(ctx.policy.model), cfg.optim.grad_clip
+    grad_norm = fsdp.plain_norm(  # FSDP: the global norm, reduced over the shards
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(ctx.policy.model), cfg.optim.grad_clip)
     )
     if not torch.isfinite(grad_norm):  # stepping would write NaN into every weight
         raise FloatingPointError(
