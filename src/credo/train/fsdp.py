@@ -125,8 +125,7 @@ def settings(env: Mapping[str, str] | None = None) -> FsdpSettings:
         )
     if value not in _RESHARD:
         raise ValueError(
-            f"fsdp_reshard_after_forward={raw!r}: expected true, false, FULL_SHARD or "
-            "SHARD_GRAD_OP"
+            f"fsdp_reshard_after_forward={raw!r}: expected true, false, FULL_SHARD or SHARD_GRAD_OP"
         )
     for name, why in (
         ("FSDP_OFFLOAD_PARAMS", "CPU offload is not supported; use model.lora or more processes"),
@@ -287,10 +286,8 @@ def gathered_optimizer(optimizer: torch.optim.Optimizer) -> FullStateOptimizer:
     sd = optimizer.state_dict()
     state = {
         pid: {
-            k: _full(v).detach().cpu() if isinstance(v, torch.Tensor) else v
-            for k, v in st.items()
+            k: _full(v).detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in st.items()
         }
         for pid, st in sorted(sd["state"].items())
     }
     return FullStateOptimizer(optimizer, {"state": state, "param_groups": sd["param_groups"]})
-
