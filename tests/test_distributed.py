@@ -65,13 +65,14 @@ TINY = [
     "model.device=cpu",
 ]
 
-#: The update under test: 2 mini-batches (π_old re-scored), micro-batches of 3 rows (an odd
-#: number of them, so the ranks get unequal shares), a KL term to a reference, an entropy
+#: The update under test: 2 mini-batches (π_old re-scored) of 8 four-turn episodes,
+#: micro-batches of at most 12 rows cut at episode boundaries (3 per mini-batch: 12, 12, 8
+#: rows, so the ranks get unequal shares, 2 and 1), a KL term to a reference, an entropy
 #: bonus.
 UPDATE = [
     *TINY,
     "optim.minibatches=2",
-    "optim.micro_batch_rows=3",
+    "optim.micro_batch_rows=12",
     "optim.lr=0.01",
     "objective.kl_coef=0.1",
     "objective.entropy_coef=0.01",

@@ -15,6 +15,7 @@ subprocess timeout) and is killed in a ``finally``.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -46,7 +47,7 @@ def _sharded_update() -> dict[str, torch.Tensor]:
     metrics, the (gathered) AdamW state and, sharded, the zero-weight passes run and a
     reload check of the optimizer state."""
     torch.manual_seed(0)
-    cfg = load_config("grpo", [*UPDATE, "optim.micro_batch_rows=12"])  # 3 per mini-batch
+    cfg = load_config("grpo", UPDATE)  # 3 micro-batches per mini-batch: rank 1 pads
     run = build_run(cfg)
     policy = run.policy
     tasks = [Task.make("train", i) for i in range(4)]
@@ -195,6 +196,11 @@ def test_accelerate_fsdp_train_and_resume(tmp_path: Path) -> None:
     )
     full = tmp_path / "full"
     assert out.count("run folder:") == 1
+    # the launcher's ACCELERATE_USE_FSDP reached credo: the trainer was sharded
+    assert json.loads((full / "processes.json").read_text()) == {
+        "processes": WORLD,
+        "sharding": "fsdp",
+    }
     records = _metrics(full)
     assert [r["iteration"] for r in records] == list(range(iterations))
     assert all(r["policy/grad_norm"] > 0 for r in records)

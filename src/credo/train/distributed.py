@@ -463,7 +463,7 @@ PROCESSES_FILE = "processes.json"
 
 def note_processes(run_dir: Path, *, resuming: bool, say: Callable[[str], None]) -> None:
     """Rank 0 records how many processes train the run (``processes.json``, only when more
-    than one) and, on a resume with another number, says that the run continues correctly
+    than one; ``"sharding": "fsdp"`` when the trainer is sharded) and, on a resume with another number, says that the run continues correctly
     but not identically (each rank's random stream depends on the number). Rank 0 only;
     nothing alone on a fresh single-process run."""
     if not is_main():
@@ -482,5 +482,8 @@ def note_processes(run_dir: Path, *, resuming: bool, say: Callable[[str], None])
             f"the rollouts now come from other random streams (resume with {before} to "
             "continue it exactly)"
         )
+    record: dict[str, Any] = {"processes": now}
+    if sharded():  # the trainer is sharded (accelerate's FSDP)
+        record["sharding"] = "fsdp"
     if now > 1 or path.exists():
-        write_text_atomic(path, json.dumps({"processes": now}) + "\n")
+        write_text_atomic(path, json.dumps(record) + "\n")
