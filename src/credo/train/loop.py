@@ -34,6 +34,7 @@ import yaml
 from credo.eval.evaluate import EvalResult
 from credo.rollout.envguard import EnvErrorLog, EnvFailure, env_guard
 from credo.train import distributed as dp
+from credo.train import fsdp
 from credo.train.checkpoint import clean_partial, latest_checkpoint, restore_rng, rng_snapshot
 from credo.train.config import Config
 from credo.train.health import HealthMonitor
@@ -113,6 +114,8 @@ def train(
                 lock = dp.main_first(lambda: _lock(run_dir, progress) if main else None)
             run = build_run(cfg, policy_path=policy_path)
             check_teacher_inputs(cfg, run.policy)  # a bad teacher stops before any folder
+            if dp.sharded():  # accelerate's FSDP: what it cannot train stops here
+                fsdp.check_config(cfg)
             if not resume:  # a wrong env or model has stopped before any folder exists
                 lock = dp.main_first(lambda: _new_run_dir(run_dir, progress) if main else None)
     except KeyboardInterrupt:
