@@ -229,6 +229,10 @@ def test_accelerate_fsdp_train_and_resume(tmp_path: Path) -> None:
     ("env", "says"),
     [
         ({"FSDP_RESHARD_AFTER_FORWARD": "no_shard"}, "for no sharding launch plain data"),
+        (  # FSDP1's older field, as the launcher passes it with the default reshard flag
+            {"FSDP_SHARDING_STRATEGY": "HYBRID_SHARD", "FSDP_RESHARD_AFTER_FORWARD": "true"},
+            "'HYBRID_SHARD': credo shards over all processes of one group only",
+        ),
         ({"FSDP_RESHARD_AFTER_FORWARD": "maybe"}, "expected true, false"),
         ({"FSDP_OFFLOAD_PARAMS": "true"}, "CPU offload is not supported"),
         ({"FSDP_ACTIVATION_CHECKPOINTING": "true"}, "model.gradient_checkpointing=true"),
@@ -250,6 +254,10 @@ def test_fsdp_settings_from_accelerate() -> None:
         }
     )
     assert got == fsdp.FsdpSettings(False, ("LlamaDecoderLayer", "LlamaMLP"), True)
+    fsdp2 = {"FSDP_VERSION": "2", "FSDP_SHARDING_STRATEGY": "FULL_SHARD"}  # the launcher's default
+    assert not fsdp.settings({**fsdp2, "FSDP_RESHARD_AFTER_FORWARD": "false"}).reshard_after_forward
+    old = {"FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP", "FSDP_RESHARD_AFTER_FORWARD": "true"}
+    assert not fsdp.settings(old).reshard_after_forward  # FSDP1's older field
     assert fsdp.requested({"ACCELERATE_USE_FSDP": "true"}) and not fsdp.requested({})
 
 

@@ -74,7 +74,14 @@ FSDP_ENV = "ACCELERATE_USE_FSDP"
 
 #: ``FSDP_RESHARD_AFTER_FORWARD`` values (FSDP2's booleans, FSDP1's sharding strategies as
 #: accelerate passes them) → whether a group's weights are freed after its forward.
-_RESHARD = {"true": True, "full_shard": True, "1": True, "false": False, "shard_grad_op": False}
+_RESHARD = {
+    "true": True,
+    "full_shard": True,
+    "1": True,
+    "false": False,
+    "shard_grad_op": False,
+    "2": False,
+}
 _NOT_SHARDED = {"no_shard", "3", "hybrid_shard", "hybrid_shard_zero2", "4", "5"}
 _WRAP = ("TRANSFORMER_BASED_WRAP", "NO_WRAP")
 
@@ -115,7 +122,7 @@ def settings(env: Mapping[str, str] | None = None) -> FsdpSettings:
         ValueError: one line naming a setting credo does not support and what to use.
     """
     env = os.environ if env is None else env
-    raw = env.get("FSDP_RESHARD_AFTER_FORWARD") or env.get("FSDP_SHARDING_STRATEGY") or "true"
+    raw = _reshard_value(env)
     value = raw.strip().lower()
     if value in _NOT_SHARDED:
         raise ValueError(
@@ -146,6 +153,19 @@ def settings(env: Mapping[str, str] | None = None) -> FsdpSettings:
         c.strip() for c in env.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "").split(",") if c.strip()
     )
     return FsdpSettings(_RESHARD[value], classes, policy == "TRANSFORMER_BASED_WRAP")
+
+
+def _reshard_value(env: Mapping[str, str]) -> str:
+    """The sharding choice as accelerate passes it: FSDP2 reads the boolean
+    ``FSDP_RESHARD_AFTER_FORWARD``; FSDP1 (``FSDP_VERSION=1``, accelerate's default) a
+    strategy name there (what ``accelerate config`` writes) or else in the older
+    ``FSDP_SHARDING_STRATEGY``."""
+    reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "").strip()
+    if env.get("FSDP_VERSION", "1").strip() == "2":
+        return reshard or "true"
+    if reshard and reshard.lower() not in ("true", "false"):
+        return reshard
+    return env.get("FSDP_SHARDING_STRATEGY", "").strip() or reshard or "true"
 
 
 def check_config(cfg: Any) -> None:
