@@ -30,7 +30,7 @@ from credo.envs.base import Task
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
 from credo.train import distributed as dp
-from credo.train import fsdp
+from credo.train import fsdp, zero
 from credo.train.config import load_config
 from credo.train.run import build_run
 from credo.train.update import UpdateContext, policy_update
@@ -42,10 +42,10 @@ RUN_S = 150  # one launch's deadline
 
 
 def _sharded_update() -> dict[str, torch.Tensor]:
-    """One ``policy_update`` on 4 tasks × 4 episodes (fixed generator and advantages), the
-    trainer sharded when FSDP is on; returns the weights of the sampling copy, the
-    metrics, the (gathered) AdamW state and, sharded, the zero-weight passes run and a
-    reload check of the optimizer state."""
+    """One ``policy_update`` on 4 tasks × 4 episodes (fixed generator and advantages),
+    sharded as the launcher's variables ask (FSDP: a sharded trainer; DeepSpeed: a ZeRO
+    engine around the AdamW); returns the (full) weights, the metrics, the (gathered) AdamW
+    state and, sharded, the zero-weight passes run and a reload check of that state."""
     torch.manual_seed(0)
     cfg = load_config("grpo", UPDATE)  # 3 micro-batches per mini-batch: rank 1 pads
     run = build_run(cfg)
@@ -55,50 +55,62 @@ def _sharded_update() -> dict[str, torch.Tensor]:
     adv = torch.randn(full.forest.num_rows, generator=torch.Generator().manual_seed(5))
     batch = full.forest.to_batch(adv, pad_id=policy.pad_id)
     reference = HFPolicy(copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device)
-    trainer = fsdp.shard_policy(policy, fsdp.settings()) if dp.sharded() else policy
-    opt = torch.optim.AdamW(trainable_parameters(trainer.model), lr=cfg.optim.lr)
+    use_fsdp = dp.sharded() and fsdp.requested()
+    use_zero = dp.sharded() and zero.requested()
+    start = copy.deepcopy(policy.model) if use_zero else None  # for the reload check
+    trainer = fsdp.shard_policy(policy, fsdp.settings()) if use_fsdp else policy
+
+    def adamw(model: torch.nn.Module) -> torch.optim.AdamW:
+        return torch.optim.AdamW(trainable_parameters(model), lr=cfg.optim.lr)
+
+    opt = adamw(trainer.model)
+    engine = zero.Zero(policy.model, opt, cfg, zero.stage()) if use_zero else None
     idle = [0]
-    real_idle = fsdp.idle_pass
+    real_idle = fsdp.idle_loss
 
-    def counted(*args: object) -> None:
+    def counted(*args: object) -> torch.Tensor:
         idle[0] += 1
-        real_idle(*args)  # type: ignore[arg-type]
+        return real_idle(*args)  # type: ignore[arg-type]
 
-    fsdp.idle_pass = counted  # type: ignore[assignment]
+    fsdp.idle_loss = counted  # type: ignore[assignment]
     try:
         metrics = policy_update(
-            UpdateContext(trainer, opt, cfg, reference),
+            UpdateContext(trainer, opt, cfg, reference, zero=engine),
             batch,
             iteration=0,
             generator=torch.Generator().manual_seed(7),
         )
     finally:
-        fsdp.idle_pass = real_idle  # type: ignore[assignment]
+        fsdp.idle_loss = real_idle  # type: ignore[assignment]
     out: dict[str, torch.Tensor] = {}
-    if dp.sharded():
+    if use_fsdp:
         fsdp.copy_full_weights(trainer, policy)
         local = sum(p.to_local().numel() for p in trainer.model.parameters())  # type: ignore[attr-defined]
         out["x.shard_frac"] = torch.tensor(local / sum(p.numel() for p in policy.parameters()))
-        out["x.idle"] = torch.tensor(float(idle[0]))
         state = fsdp.gathered_optimizer(opt).state_dict()
-        fresh = torch.optim.AdamW(trainable_parameters(trainer.model), lr=cfg.optim.lr)
+        fresh = adamw(trainer.model)
         fsdp.FullStateOptimizer(fresh).load_state_dict(state)
         again = fsdp.gathered_optimizer(fresh).state_dict()
-        out["x.reload_equal"] = torch.tensor(
-            float(
-                all(
-                    torch.equal(state["state"][i][k], again["state"][i][k])
-                    for i in state["state"]
-                    for k in state["state"][i]
-                )
-            )
-        )
+    elif engine is not None:
+        assert start is not None
+        state = engine.gathered().state_dict()
+        other = zero.Zero(start, adamw(start), cfg, zero.stage())
+        other.load_state_dict(state)
+        again = other.gathered().state_dict()
     else:
-        state = opt.state_dict()
+        state = again = opt.state_dict()
+    if dp.sharded():
+        out["x.idle"] = torch.tensor(float(idle[0]))
+        same = all(
+            torch.equal(state["state"][i][k], again["state"][i][k])
+            for i in state["state"]
+            for k in state["state"][i]
+        )
+        out["x.reload_equal"] = torch.tensor(float(same and len(again["state"]) > 0))
     out.update({f"w.{k}": v.detach().clone() for k, v in policy.model.state_dict().items()})
     out.update({f"m.{k}": torch.tensor(float(v)) for k, v in metrics.items()})
     for i, st in state["state"].items():
-        for k in ("exp_avg", "exp_avg_sq"):
+        for k in ("exp_avg", "exp_avg_sq", "step"):
             out[f"o.{i}.{k}"] = st[k].detach().clone()
     return out
 
@@ -141,18 +153,21 @@ def test_sharded_update_equals_one_process(tmp_path: Path) -> None:
     assert any(k.startswith("o.") for k in one) and float(one["m.policy/grad_norm"]) > 0
 
 
-def _accelerate(args: list[str], cwd: Path) -> str:
+def _accelerate(args: list[str], cwd: Path, launch: list[str] | None = None) -> str:
+    """``accelerate launch`` (``launch``: its own options; default: the FSDP config) of
+    ``credo train args`` with 2 processes; returns the output."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(CREDO_SRC), str(REPO)]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(CREDO_SRC), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
         "OMP_NUM_THREADS": "1",
         "CREDO_DIST_TIMEOUT": "60",
     }
     cmd = [
         str(ACCELERATE),
         "launch",
-        "--config_file",
-        str(FSDP_YAML),
+        *(launch or ["--config_file", str(FSDP_YAML)]),
         "--num_processes",
         str(WORLD),
         "--main_process_port",

@@ -57,7 +57,7 @@ import torch.distributed as dist
 
 from credo.data import RolloutForest
 from credo.rollout import RolloutResult
-from credo.train import fsdp
+from credo.train import fsdp, zero
 from credo.utils.atomic import write_text_atomic
 
 __all__ = [
@@ -80,6 +80,7 @@ __all__ = [
     "shard",
     "shard_bounds",
     "sharded",
+    "sharding_name",
     "sum_metrics",
     "teardown",
     "world_size",
@@ -96,10 +97,6 @@ SHARDED_ENGINES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERAT
 
 #: The sharded engines credo refuses, and why (one line each).
 REFUSED_ENGINES = {
-    "ACCELERATE_USE_DEEPSPEED": (
-        "DeepSpeed's engine would replace credo's own update (summed micro-batch gradients, "
-        "clipping, AdamW) and is not integrated"
-    ),
     "ACCELERATE_USE_MEGATRON_LM": "Megatron-LM's tensor/pipeline parallelism is not integrated",
 }
 
@@ -165,14 +162,16 @@ def setup(device: str = "auto") -> bool:
     or with ``WORLD_SIZE=1`` nothing happens. The backend is NCCL when the model goes to a
     CUDA device (each rank on ``cuda:LOCAL_RANK``), else gloo. Idempotent.
 
-    With an accelerate FSDP config (``ACCELERATE_USE_FSDP``), its settings are checked
-    here (:func:`credo.train.fsdp.settings`) and the trainer is sharded later
-    (:func:`sharded`).
+    With an accelerate FSDP or DeepSpeed config (``ACCELERATE_USE_FSDP``,
+    ``ACCELERATE_USE_DEEPSPEED``), its settings are checked here
+    (:func:`credo.train.fsdp.settings`, :func:`credo.train.zero.stage`) and the training
+    state shards itself later (:func:`sharded`).
 
     Raises:
-        ValueError: DeepSpeed or Megatron-LM was asked for (:data:`REFUSED_ENGINES`), an
-            FSDP setting credo does not support, or the launcher's variables are
+        ValueError: Megatron-LM was asked for (:data:`REFUSED_ENGINES`), an FSDP or
+            DeepSpeed setting credo does not support, or the launcher's variables are
             incomplete or malformed.
+        ImportError: a DeepSpeed config without the deepspeed package.
 
     Args:
         device: ``model.device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
@@ -183,13 +182,18 @@ def setup(device: str = "auto") -> bool:
     refused = [n for n in REFUSED_ENGINES if os.environ.get(n, "").lower() in ("1", "true")]
     if refused:
         raise ValueError(
-            f"{refused[0]} is set (an accelerate config with DeepSpeed or Megatron-LM): "
-            f"{REFUSED_ENGINES[refused[0]]}; use an FSDP config (examples/accelerate/fsdp.yaml) "
-            "or plain data parallelism (accelerate launch --multi_gpu, torchrun), see "
-            "docs/engines/accelerate.md"
+            f"{refused[0]} is set (an accelerate config with Megatron-LM): "
+            f"{REFUSED_ENGINES[refused[0]]}; use an FSDP or DeepSpeed config "
+            "(examples/accelerate/) or plain data parallelism (accelerate launch --multi_gpu, "
+            "torchrun), see docs/engines/accelerate.md"
         )
+    if fsdp.requested() and zero.requested():
+        raise ValueError("ACCELERATE_USE_FSDP and ACCELERATE_USE_DEEPSPEED are both set: pick one")
     if fsdp.requested():
         fsdp.settings()  # a setting credo does not support stops here, in one line
+    if zero.requested():
+        zero.stage()
+        zero.require()
     size = _env_int("WORLD_SIZE", 1)
     if size < 1:
         raise ValueError(f"WORLD_SIZE={size}: expected at least 1 process")
@@ -222,9 +226,17 @@ def _device() -> torch.device:
 
 
 def sharded() -> bool:
-    """The trainer is sharded over the processes (an accelerate FSDP config, several
-    processes): see :mod:`credo.train.fsdp`."""
-    return active() and fsdp.requested()
+    """The training state is sharded over the processes (an accelerate FSDP or DeepSpeed
+    config, several processes): see :mod:`credo.train.fsdp` and :mod:`credo.train.zero`.
+    Every rank then runs the same number of passes, and the engine reduces the gradients."""
+    return active() and (fsdp.requested() or zero.requested())
+
+
+def sharding_name() -> str:
+    """The sharding engine the launcher asked for, as error messages name it."""
+    if zero.requested():
+        return f"accelerate's DeepSpeed ZeRO-{zero.stage()} (ACCELERATE_USE_DEEPSPEED=true)"
+    return "accelerate's FSDP (ACCELERATE_USE_FSDP=true)"
 
 
 def barrier() -> None:
@@ -379,8 +391,8 @@ def reduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
 
     A parameter no rank gave a gradient keeps ``grad = None`` (AdamW then skips it, as in
     one process); one that some ranks did not reach counts zero there. One all-reduce per
-    dtype over a flat buffer. A sharded trainer's gradients are summed by FSDP's
-    reduce-scatter already: nothing to do.
+    dtype over a flat buffer. Sharded (FSDP, DeepSpeed), the engine reduces the gradients:
+    nothing to do.
     """
     if not active() or sharded():
         return
@@ -483,7 +495,7 @@ def note_processes(run_dir: Path, *, resuming: bool, say: Callable[[str], None])
             "continue it exactly)"
         )
     record: dict[str, Any] = {"processes": now}
-    if sharded():  # the trainer is sharded (accelerate's FSDP)
-        record["sharding"] = "fsdp"
+    if sharded():  # accelerate's FSDP or DeepSpeed
+        record["sharding"] = "fsdp" if fsdp.requested() else f"zero{zero.stage()}"
     if now > 1 or path.exists():
         write_text_atomic(path, json.dumps(record) + "\n")

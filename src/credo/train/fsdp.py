@@ -17,7 +17,7 @@ update on the same global batch) and still samples with the full weights:
    every backward reduce-scatters its gradients, so all ranks must run the same number of
    forward/backward passes per optimizer step. ``policy_update`` gives rank ``r`` every
    N-th micro-batch (unequal counts when N does not divide their number); a rank with
-   fewer runs :func:`idle_pass` (a real micro-batch with loss × 0) until the counts are
+   fewer back-propagates :func:`idle_loss` (a real micro-batch, × 0) until the counts are
    equal (:func:`credo.train.distributed.padding`). Its gradient is exactly zero, so the
    gradients stay those of one process.
 3. **Summed gradients.** FSDP averages by default; credo's micro-batch losses already add
@@ -62,7 +62,7 @@ __all__ = [
     "check_config",
     "copy_full_weights",
     "gathered_optimizer",
-    "idle_pass",
+    "idle_loss",
     "plain_norm",
     "requested",
     "settings",
@@ -168,8 +168,9 @@ def _reshard_value(env: Mapping[str, str]) -> str:
     return env.get("FSDP_SHARDING_STRATEGY", "").strip() or reshard or "true"
 
 
-def check_config(cfg: Any) -> None:
-    """Refuse, in one line, the run options a sharded trainer does not support.
+def check_config(cfg: Any, what: str = "accelerate's FSDP (ACCELERATE_USE_FSDP=true)") -> None:
+    """Refuse, in one line, the run options a sharded run (FSDP, or ``what`` names another
+    engine: DeepSpeed ZeRO) does not support.
 
     Raises:
         ValueError: LoRA (its optimizer state is already small: plain data parallelism
@@ -177,7 +178,6 @@ def check_config(cfg: Any) -> None:
             passes), or the vLLM engine (its weight sync reads the sampling copy but has
             not been run with FSDP).
     """
-    what = "accelerate's FSDP (ACCELERATE_USE_FSDP=true)"
     if cfg.model.lora is not None:
         raise ValueError(
             f"model.lora with {what}: LoRA's optimizer state is only the adapters'; train "
@@ -251,17 +251,22 @@ def copy_full_weights(trainer: HFPolicy, sampling: HFPolicy) -> None:
         sampling.model.get_parameter(name).copy_(_full(p.detach()))
 
 
-def idle_pass(policy: HFPolicy, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-    """A forward and backward of the trainer whose gradient is exactly zero (loss × 0): the
-    collectives of one micro-batch, for a rank with fewer micro-batches than the others.
+def idle_loss(
+    policy: HFPolicy, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """A loss whose gradient is exactly zero (a real forward, × 0): back-propagated, it
+    runs the collectives of one micro-batch, for a rank with fewer micro-batches than the
+    others (under FSDP and DeepSpeed ZeRO alike).
 
     Args:
         policy: the trainer.
         input_ids: ``[B, L]`` tokens of a real micro-batch (finite log-probs).
         attention_mask: ``[B, L]``.
+
+    Returns:
+        The 0-d loss, with its graph.
     """
-    lp = policy.score(input_ids, attention_mask).logprobs
-    (lp.sum() * 0.0).backward()
+    return policy.score(input_ids, attention_mask).logprobs.sum() * 0.0
 
 
 class FullStateOptimizer:

@@ -62,7 +62,7 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     rollout = dp.gather_rollouts(rollout, offset)
     forest, oracle_rows = split_oracle(rollout.forest)  # oracle rows: no credit, no RL loss
     trainer = state.trainer or state.policy  # FSDP: the sharded copy (credo.train.fsdp)
-    update = UpdateContext(trainer, state.optimizer, cfg, state.reference)
+    update = UpdateContext(trainer, state.optimizer, cfg, state.reference, zero=state.zero)
     if cfg.objective.kl_reward_coef > 0:  # KL to the reference as a cost in the reward
         penalty = kl_reward_penalty_rows(
             update, forest, beta=cfg.objective.kl_reward_coef, micro_rows=cfg.optim.micro_batch_rows

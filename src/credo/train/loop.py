@@ -114,8 +114,8 @@ def train(
                 lock = dp.main_first(lambda: _lock(run_dir, progress) if main else None)
             run = build_run(cfg, policy_path=policy_path)
             check_teacher_inputs(cfg, run.policy)  # a bad teacher stops before any folder
-            if dp.sharded():  # accelerate's FSDP: what it cannot train stops here
-                fsdp.check_config(cfg)
+            if dp.sharded():  # accelerate's FSDP/DeepSpeed: what they cannot train stops here
+                fsdp.check_config(cfg, dp.sharding_name())
             if not resume:  # a wrong env or model has stopped before any folder exists
                 lock = dp.main_first(lambda: _new_run_dir(run_dir, progress) if main else None)
     except KeyboardInterrupt:
@@ -237,7 +237,7 @@ def _iterate(
                         and last_saved != it
                         and isinstance(exc, EnvFailure)
                         and dp.is_main()
-                        and state.trainer is None  # FSDP: saving is a collective
+                        and not dp.sharded()  # FSDP, DeepSpeed: saving is a collective
                     ):
                         # nothing of this iteration was applied: save the state it started
                         # from, with the RNG states it started with

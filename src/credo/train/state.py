@@ -27,13 +27,14 @@ from credo.rollout import SamplerContext, sample_groups
 from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
 from credo.train import distributed as dp
-from credo.train import fsdp
+from credo.train import fsdp, zero
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
 from credo.train.judging import Judging
 from credo.train.profiles import needs_profiles
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
 from credo.train.teaching import Teaching
+from credo.train.zero import Zero
 
 __all__ = ["TrainState", "seed_estimator_state"]
 
@@ -56,6 +57,8 @@ class TrainState:
         trainer: with an accelerate FSDP config, the sharded copy of ``policy`` that the
             optimizer updates (``policy`` is then the full sampling copy, refreshed after
             every update: :mod:`credo.train.fsdp`); ``None`` otherwise.
+        zero: with an accelerate DeepSpeed config, the ZeRO-1/2 engine around
+            ``optimizer`` (:mod:`credo.train.zero`); ``None`` otherwise.
     """
 
     policy: HFPolicy
@@ -69,6 +72,7 @@ class TrainState:
     tasks: TaskSource | None = None
     judging: Judging | None = None
     trainer: HFPolicy | None = None
+    zero: Zero | None = None
 
     @classmethod
     def start(
@@ -103,8 +107,9 @@ class TrainState:
             if reference is not None and not lora:
                 reference.load_weights(run_dir / "reference")
         trainer = None
-        if dp.sharded():  # accelerate's FSDP: the optimizer updates a sharded copy
-            fsdp.check_config(cfg)
+        if dp.sharded():
+            fsdp.check_config(cfg, dp.sharding_name())
+        if dp.sharded() and fsdp.requested():  # the optimizer updates a sharded copy
             trainer = fsdp.shard_policy(policy, fsdp.settings())
         optimizer = torch.optim.AdamW(
             trainable_parameters((trainer or policy).model),
@@ -118,10 +123,15 @@ class TrainState:
         )
         state.judging = Judging.from_run(cfg, run.make_env, run_dir, policy.device)  # SERPO
         state.trainer = trainer
+        if dp.sharded() and zero.requested():  # DeepSpeed ZeRO-1/2 around the AdamW
+            state.zero = Zero(policy.model, optimizer, cfg, zero.stage())
         if checkpoint is not None:
-            saved = load_checkpoint(
-                checkpoint, fsdp.FullStateOptimizer(optimizer) if trainer else optimizer
-            )
+            view: Any = optimizer  # full (1-process) state in the files, in every mode
+            if trainer is not None:
+                view = fsdp.FullStateOptimizer(optimizer)
+            elif state.zero is not None:
+                view = state.zero
+            saved = load_checkpoint(checkpoint, view)
             state.iteration, state.env_steps_total = saved["iteration"], saved["env_steps_total"]
             for obj, key in (
                 (est_state, "estimator_state"),
@@ -147,6 +157,8 @@ class TrainState:
         optimizer: Any = self.optimizer
         if self.trainer is not None:  # a collective: full AdamW moments, one file set
             optimizer = fsdp.gathered_optimizer(self.optimizer)
+        elif self.zero is not None:  # the same for DeepSpeed's fragments
+            optimizer = self.zero.gathered()
         if not dp.is_main():
             return None
         return save_checkpoint(
