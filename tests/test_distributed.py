@@ -310,7 +310,14 @@ def test_one_process_is_untouched() -> None:
             {"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true", "WORLD_SIZE": "2"},
             "FSDP_OFFLOAD_PARAMS=true",
         ),
-        ({"ACCELERATE_USE_DEEPSPEED": "true"}, "ACCELERATE_USE_DEEPSPEED is set .* not integrated"),
+        (
+            {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
+            "zero_stage=3 .* use the FSDP config",
+        ),
+        (
+            {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_FSDP": "true"},
+            "both set: pick one",
+        ),
         ({"ACCELERATE_USE_MEGATRON_LM": "1"}, "Megatron-LM's tensor/pipeline parallelism"),
         ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, "MASTER_ADDR is not set"),
         ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two': expected an integer"),
@@ -322,7 +329,12 @@ def test_bad_launch_is_one_line(
 ) -> None:
     for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", *dp.SHARDED_ENGINES):
         monkeypatch.delenv(name, raising=False)
-    for name in ("FSDP_OFFLOAD_PARAMS", "FSDP_RESHARD_AFTER_FORWARD", "FSDP_AUTO_WRAP_POLICY"):
+    for name in (
+        "FSDP_OFFLOAD_PARAMS",
+        "FSDP_RESHARD_AFTER_FORWARD",
+        "FSDP_AUTO_WRAP_POLICY",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    ):
         monkeypatch.delenv(name, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)

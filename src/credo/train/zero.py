@@ -140,6 +140,7 @@ class Zero:
     ) -> None:
         import deepspeed
 
+        _skip_cpu_shm_kernel()
         #: The optimizer's parameter groups as one process saves them (``params`` numbered).
         self.param_groups = optimizer.state_dict()["param_groups"]
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -216,6 +217,26 @@ class Zero:
             for k, v in own.items():
                 if k != "params":
                     group[k] = v
+
+
+def _skip_cpu_shm_kernel() -> None:
+    """On DeepSpeed's CPU accelerator, do not compile its shared-memory all-reduce kernel.
+
+    DeepSpeed's communication backend JIT-compiles it (about 80 s on 2 cores, once per
+    machine) whenever a C++ compiler and ninja are present, but uses it only for
+    ``inference_all_reduce``; ZeRO's reductions go through ``torch.distributed`` (gloo).
+    Marking the op incompatible makes the backend skip it. Nothing changes on a GPU.
+    """
+    from deepspeed import ops
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return
+    builder = accelerator.create_op_builder("ShareMemCommBuilder")
+    compatible = getattr(ops, "__compatible_ops__", None)
+    if builder is not None and isinstance(compatible, dict):
+        compatible[builder.NAME] = False
 
 
 class _SavedState:
