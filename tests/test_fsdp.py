@@ -294,3 +294,16 @@ def test_unsupported_run_options_are_one_line(overrides: list[str], says: str) -
 
 def test_padding_is_zero_unsharded() -> None:
     assert not dp.sharded() and dp.padding(5) == 0
+
+
+def test_padding_evens_every_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sharded, each rank's micro-batches plus its zero-weight passes make ceil(n / N)."""
+    monkeypatch.setattr(dp, "sharded", lambda: True)
+    for size in range(1, 7):
+        monkeypatch.setattr(dp, "world_size", lambda size=size: size)
+        for n in range(1, 30):
+            for r in range(size):
+                monkeypatch.setattr(dp, "rank", lambda r=r: r)
+                share = dp.my_share(list(range(n)))
+                assert len(share) + dp.padding(n) == -(-n // size)
+                assert dp.padding(n) in (0, 1)
