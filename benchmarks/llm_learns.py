@@ -53,15 +53,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--difficulty", default="default", help="shop difficulty (default default)")
     ap.add_argument("--out", default="runs/llm_learns", help="results folder (resumable)")
     ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank; 0 = full fine-tuning")
-    ap.add_argument("--sft-steps", type=int, default=150, help="clean SFT steps (default 150)")
-    ap.add_argument("--sft-noisy-steps", type=int, default=30, help="noisy SFT steps (30)")
-    ap.add_argument("--sft-batch", type=int, default=16, help="SFT rows per step (16)")
+    ap.add_argument("--sft-steps", type=int, default=100, help="clean SFT steps (default 100)")
+    ap.add_argument("--sft-noisy-steps", type=int, default=20, help="noisy SFT steps (20)")
+    ap.add_argument("--sft-batch", type=int, default=8, help="SFT rows per step (8)")
     ap.add_argument("--sft-lr", type=float, default=None, help="default 1e-4 full, 5e-4 LoRA")
     ap.add_argument("--recipes", default="grpo,gigpo", help="RL recipes (default grpo,gigpo)")
-    ap.add_argument("--iterations", type=int, default=10, help="RL iterations (default 10)")
+    ap.add_argument("--iterations", type=int, default=12, help="RL iterations (default 12)")
+    ap.add_argument(
+        "--minibatches", type=int, default=2, help="optimizer steps per RL batch (default 2)"
+    )
     ap.add_argument("--tasks", type=int, default=8, help="tasks per RL iteration (8)")
     ap.add_argument("--group", type=int, default=4, help="episodes per task (4)")
-    ap.add_argument("--rl-lr", type=float, default=None, help="default 1e-5 full, 1e-4 LoRA")
+    ap.add_argument("--rl-lr", type=float, default=None, help="default 3e-5 full, 1e-4 LoRA")
     ap.add_argument("--eval-episodes", type=int, default=500, help="held-out tasks (500)")
     ap.add_argument(
         "--zero-shot-episodes",
@@ -82,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"overrides are key=value, got {bad[0]!r}")
     lora = args.lora_r > 0
     args.sft_lr = args.sft_lr if args.sft_lr is not None else (5e-4 if lora else 1e-4)
-    args.rl_lr = args.rl_lr if args.rl_lr is not None else (1e-4 if lora else 1e-5)
+    args.rl_lr = args.rl_lr if args.rl_lr is not None else (1e-4 if lora else 3e-5)
     return args
 
 
@@ -106,6 +109,10 @@ def base_overrides(args: argparse.Namespace) -> list[str]:
         "sft.episodes=2000",
         "sft.noisy_episodes=500",
         f"optim.lr={args.rl_lr}",
+        f"optim.minibatches={args.minibatches}",
+        # the last action and observation: shop's observation holds what the agent
+        # needs, and every token of history is read again by every update
+        "rollout.history_turns=1",
         "optim.micro_batch_tokens=8192",
     ]
     if args.lora_r > 0:
