@@ -54,7 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/llm_learns", help="results folder (resumable)")
     ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank; 0 = full fine-tuning")
     ap.add_argument("--sft-steps", type=int, default=100, help="clean SFT steps (default 100)")
-    ap.add_argument("--sft-noisy-steps", type=int, default=20, help="noisy SFT steps (20)")
+    ap.add_argument(
+        "--sft-noisy-steps",
+        type=int,
+        default=0,
+        help="steps on ε-noisy demonstrations after the clean ones (default 0: at this "
+        "budget they taught SmolLM2 the noise, see docs/llm.md)",
+    )
     ap.add_argument("--sft-batch", type=int, default=8, help="SFT rows per step (8)")
     ap.add_argument("--sft-lr", type=float, default=None, help="default 1e-4 full, 5e-4 LoRA")
     ap.add_argument("--recipes", default="grpo,gigpo", help="RL recipes (default grpo,gigpo)")
@@ -387,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k != "phase"}
+    # the recipes may change between calls (each has its own phase); nothing else may
+    settings = {k: v for k, v in vars(args).items() if k not in ("phase", "recipes")}
     saved = out / "settings.json"
     if saved.exists() and json.loads(saved.read_text()) != settings:
         raise SystemExit(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from credo.envs.shop import ShopEnv, parse_action
@@ -141,3 +142,25 @@ def test_topk_logprobs_are_the_samplers_head_and_leave_sampling_unchanged() -> N
         assert torch.equal(top.topk_ids[k], want_ids)
         assert torch.allclose(top.topk_logprobs[k], want_lp, atol=1e-5)
     assert bool((top.topk_logprobs[:, :1] >= top.topk_logprobs[:, 1:]).all())
+
+
+def test_saving_on_a_cpu_does_not_print_deepspeeds_accelerator_guess(tmp_path) -> None:
+    """accelerate imports DeepSpeed (the ``deepspeed`` extra) inside ``save_pretrained``;
+    on a machine without a GPU DeepSpeed then warned, on every run's first save, that it
+    was "unable to detect" an accelerator. credo drops that one line."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    code = (
+        "from credo.policy import create_tiny_policy\n"
+        "from credo.policy.tiny import TinyModelConfig\n"
+        "cfg = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)\n"
+        f"create_tiny_policy(['a', 'b'], cfg).save({str(tmp_path / 'p')!r})\n"
+        "import sys; print('deepspeed' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "True"  # DeepSpeed was imported
+    assert "unable to detect" not in out.stdout + out.stderr

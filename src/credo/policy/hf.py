@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import logging
 import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,17 @@ from credo.policy.kvcache import (
 from credo.policy.precision import precision
 
 __all__ = ["HFPolicy", "ScoreOutput", "require_peft"]
+
+class _NoAcceleratorGuess(logging.Filter):
+    """DeepSpeed, when installed (the ``deepspeed`` extra), is imported by accelerate on
+    every ``save_pretrained`` and warns on a machine without a GPU that it is "unable to
+    detect" one. On a CPU that is expected: the line is dropped, DeepSpeed's others kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "unable to detect it" not in record.getMessage()
+
+
+logging.getLogger("DeepSpeed").addFilter(_NoAcceleratorGuess())
 
 try:  # transformers' per-file progress bars would fight with credo's own display
     from transformers.utils import logging as _hf_logging
