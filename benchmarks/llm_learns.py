@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--tasks", type=int, default=8, help="tasks per RL iteration (8)")
     ap.add_argument("--group", type=int, default=4, help="episodes per task (4)")
-    ap.add_argument("--rl-lr", type=float, default=None, help="default 3e-5 full, 1e-4 LoRA")
+    ap.add_argument("--rl-lr", type=float, default=None, help="default 1e-5 full, 1e-4 LoRA")
     ap.add_argument("--eval-episodes", type=int, default=500, help="held-out tasks (500)")
     ap.add_argument(
         "--zero-shot-episodes",
@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"overrides are key=value, got {bad[0]!r}")
     lora = args.lora_r > 0
     args.sft_lr = args.sft_lr if args.sft_lr is not None else (5e-4 if lora else 1e-4)
-    args.rl_lr = args.rl_lr if args.rl_lr is not None else (1e-4 if lora else 3e-5)
+    args.rl_lr = args.rl_lr if args.rl_lr is not None else (1e-4 if lora else 1e-5)
     return args
 
 
