@@ -52,6 +52,7 @@ from credo.policy.precision import precision
 
 __all__ = ["HFPolicy", "ScoreOutput", "require_peft"]
 
+
 class _NoAcceleratorGuess(logging.Filter):
     """DeepSpeed, when installed (the ``deepspeed`` extra), is imported by accelerate on
     every ``save_pretrained`` and warns on a machine without a GPU that it is "unable to
