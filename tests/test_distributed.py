@@ -139,21 +139,59 @@ def _one_update() -> dict[str, torch.Tensor]:
     return out
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def join_group(rank: int, world: int, port: int, **extra: str) -> None:
+    """Set what torchrun sets for one rank of ``world`` on 127.0.0.1 (plus ``extra``,
+    e.g. what accelerate adds for a sharded config); one torch thread."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         WORLD_SIZE=str(world),
         RANK=str(rank),
         LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
         CREDO_DIST_TIMEOUT="60",
+        **extra,
     )
     torch.set_num_threads(1)
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    join_group(rank, world, port)
     assert dp.setup("cpu") and dp.world_size() == world and dp.rank() == rank
     try:
         save_file(_one_update(), str(Path(out) / f"rank{rank}.safetensors"))
     finally:
         dp.teardown()
+
+
+def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    """Run a launcher command (torchrun, accelerate launch) with a bounded wait; kill it
+    if it overruns; assert it succeeded; return its output."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=RUN_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, out
+    return out
+
+
+def cut_after(full: Path, tmp_path: Path, iterations: int) -> Path:
+    """A copy of the finished run ``full`` as an interruption after iteration
+    ``iterations - 1`` leaves it (no final policy or evaluation, the last checkpoint
+    gone, no lock)."""
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "final_policy")
+    (cut / "final_eval.json").unlink()
+    shutil.rmtree(cut / "checkpoints" / f"step_{iterations}")
+    (cut / "checkpoints" / "latest").write_text(f"step_{iterations - 1}")
+    (cut / ".lock").unlink(missing_ok=True)
+    return cut
 
 
 def _spawn(world: int, out: Path, worker: Callable[[int, int, int, str], None] = _worker) -> None:
@@ -220,17 +258,8 @@ def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
         *args,
         "--quiet",
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=RUN_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
-    assert proc.returncode == 0, out
-    return subprocess.CompletedProcess(cmd, proc.returncode, out)
+    out = run_launcher(cmd, cwd, env)
+    return subprocess.CompletedProcess(cmd, 0, out)
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -269,13 +298,7 @@ def test_torchrun_train_and_resume(tmp_path: Path) -> None:
     assert json.loads((full / "processes.json").read_text()) == {"processes": WORLD}
 
     # an interruption after iteration 2: the run folder as it was then
-    cut = tmp_path / "cut"
-    shutil.copytree(full, cut)
-    shutil.rmtree(cut / "final_policy")
-    (cut / "final_eval.json").unlink()
-    shutil.rmtree(cut / "checkpoints" / f"step_{iterations}")
-    (cut / "checkpoints" / "latest").write_text(f"step_{iterations - 1}")
-    (cut / ".lock").unlink(missing_ok=True)
+    cut = cut_after(full, tmp_path, iterations)
     _torchrun(["--resume", str(cut)], tmp_path)
     assert _metrics(cut) == records
     a = load_file(str(full / "final_policy" / "model.safetensors"))

@@ -15,12 +15,12 @@ subprocess timeout) and is killed in a ``finally``.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,7 +34,19 @@ from credo.train import fsdp, zero
 from credo.train.config import load_config
 from credo.train.run import build_run
 from credo.train.update import UpdateContext, policy_update
-from test_distributed import CREDO_SRC, REPO, TINY, UPDATE, WORLD, _free_port, _metrics, _spawn
+from test_distributed import (
+    CREDO_SRC,
+    REPO,
+    TINY,
+    UPDATE,
+    WORLD,
+    _free_port,
+    _metrics,
+    _spawn,
+    cut_after,
+    join_group,
+    run_launcher,
+)
 
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 FSDP_YAML = REPO / "examples" / "accelerate" / "fsdp.yaml"
@@ -115,19 +127,18 @@ def _sharded_update() -> dict[str, torch.Tensor]:
     return out
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        WORLD_SIZE=str(world),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        CREDO_DIST_TIMEOUT="60",
-        ACCELERATE_USE_FSDP="true",
-        FSDP_VERSION="2",
-        FSDP_RESHARD_AFTER_FORWARD="true",
-    )
-    torch.set_num_threads(1)
+#: The variables ``accelerate launch`` sets for the FSDP config.
+FSDP_ENV = {
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_VERSION": "2",
+    "FSDP_RESHARD_AFTER_FORWARD": "true",
+}
+
+
+def sharded_worker(engine: dict[str, str], rank: int, world: int, port: int, out: str) -> None:
+    """One rank of a sharded update (``engine``: the variables accelerate sets for its
+    FSDP or DeepSpeed config); saves :func:`_sharded_update`'s tensors for the test."""
+    join_group(rank, world, port, **engine)
     assert dp.setup("cpu") and dp.sharded() and dp.rank() == rank
     try:
         save_file(_sharded_update(), str(Path(out) / f"rank{rank}.safetensors"))
@@ -135,22 +146,32 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dp.teardown()
 
 
-def test_sharded_update_equals_one_process(tmp_path: Path) -> None:
+def ranks_equal_one_process(engine: dict[str, str], tmp_path: Path) -> list[dict[str, Any]]:
+    """Run the update alone and on :data:`WORLD` sharded ranks; assert that both ranks
+    equal each other and the single process (weights, metrics, AdamW moments), that the
+    rank with fewer micro-batches padded, and that the optimizer state reloads; return
+    the ranks' tensors and, last, the single process's."""
     assert not dp.active()
     one = _sharded_update()  # this process alone: the plain single-process path
-    _spawn(WORLD, tmp_path, worker=_worker)
+    _spawn(WORLD, tmp_path, worker=functools.partial(sharded_worker, engine))
     ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(WORLD)]
     extra = {k for k in ranks[0] if k.startswith("x.")}
     assert ranks[0].keys() - extra == one.keys()
     for k in one:
         assert torch.equal(ranks[0][k], ranks[1][k]), f"{k} differs between the ranks"
         torch.testing.assert_close(ranks[0][k], one[k], rtol=1e-5, atol=1e-6, msg=k)
-    # the trainer held about half of the weights per rank (1-row shards round up)
-    assert all(0.45 < float(r["x.shard_frac"]) < 0.6 for r in ranks)
     # odd micro-batch counts: rank 1 padded with zero-weight passes, rank 0 did not
     assert float(ranks[0]["x.idle"]) == 0 and float(ranks[1]["x.idle"]) >= 1
     assert all(float(r["x.reload_equal"]) == 1.0 for r in ranks)
-    assert any(k.startswith("o.") for k in one) and float(one["m.policy/grad_norm"]) > 0
+    assert float(one["m.policy/grad_norm"]) > 0
+    return [*ranks, one]
+
+
+def test_sharded_update_equals_one_process(tmp_path: Path) -> None:
+    *ranks, one = ranks_equal_one_process(FSDP_ENV, tmp_path)
+    # the trainer held about half of the weights per rank (1-row shards round up)
+    assert all(0.45 < float(r["x.shard_frac"]) < 0.6 for r in ranks)
+    assert any(k.startswith("o.") for k in one)
 
 
 def _accelerate(args: list[str], cwd: Path, launch: list[str] | None = None) -> str:
@@ -178,17 +199,16 @@ def _accelerate(args: list[str], cwd: Path, launch: list[str] | None = None) -> 
         *args,
         "--quiet",
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=RUN_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
-    assert proc.returncode == 0, out
-    return out
+    return run_launcher(cmd, cwd, env)
+
+
+def assert_full_checkpoints(full: Path) -> None:
+    """The checkpoint after iteration 1 holds full tensors, written once: every AdamW
+    moment has the shape of its parameter."""
+    weights = load_file(str(full / "checkpoints" / "step_1" / "policy" / "model.safetensors"))
+    moments = load_file(str(full / "checkpoints" / "step_1" / "optimizer.safetensors"))
+    shapes = sorted(tuple(v.shape) for v in weights.values())
+    assert sorted(tuple(v.shape) for k, v in moments.items() if k.endswith("exp_avg")) == shapes
 
 
 @pytest.mark.skipif(not ACCELERATE.exists(), reason="accelerate is installed with credo")
@@ -220,19 +240,10 @@ def test_accelerate_fsdp_train_and_resume(tmp_path: Path) -> None:
     assert [r["iteration"] for r in records] == list(range(iterations))
     assert all(r["policy/grad_norm"] > 0 for r in records)
     # checkpoints written once, with full tensors: the shapes of the model's parameters
-    weights = load_file(str(full / "checkpoints" / "step_1" / "policy" / "model.safetensors"))
-    moments = load_file(str(full / "checkpoints" / "step_1" / "optimizer.safetensors"))
-    shapes = sorted(tuple(v.shape) for v in weights.values())
-    assert sorted(tuple(v.shape) for k, v in moments.items() if k.endswith("exp_avg")) == shapes
+    assert_full_checkpoints(full)
     assert not list((full / "ranks").rglob("checkpoints"))
 
-    cut = tmp_path / "cut"  # interrupted after iteration 1
-    shutil.copytree(full, cut)
-    shutil.rmtree(cut / "final_policy")
-    (cut / "final_eval.json").unlink()
-    shutil.rmtree(cut / "checkpoints" / f"step_{iterations}")
-    (cut / "checkpoints" / "latest").write_text(f"step_{iterations - 1}")
-    (cut / ".lock").unlink(missing_ok=True)
+    cut = cut_after(full, tmp_path, iterations)  # interrupted after iteration 1
     _accelerate(["--resume", str(cut)], tmp_path)
     assert _metrics(cut) == records
     a = load_file(str(full / "final_policy" / "model.safetensors"))

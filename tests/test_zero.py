@@ -15,60 +15,30 @@ subprocess timeout) and is killed in a ``finally``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from credo.train import distributed as dp
 from credo.train import zero
 
 pytest.importorskip("deepspeed", reason="pip install 'credo[deepspeed]' (make install does)")
 
-from test_distributed import TINY, WORLD, _metrics, _spawn
-from test_fsdp import _accelerate, _sharded_update
+from test_distributed import TINY, WORLD, _metrics, cut_after
+from test_fsdp import _accelerate, assert_full_checkpoints, ranks_equal_one_process
 
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 DS_YAML = Path(__file__).resolve().parents[1] / "examples" / "accelerate" / "deepspeed.yaml"
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        WORLD_SIZE=str(world),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        CREDO_DIST_TIMEOUT="60",
-        ACCELERATE_USE_DEEPSPEED="true",
-        ACCELERATE_DEEPSPEED_ZERO_STAGE="2",
-    )
-    torch.set_num_threads(1)
-    assert dp.setup("cpu") and dp.sharded() and dp.rank() == rank
-    try:
-        save_file(_sharded_update(), str(Path(out) / f"rank{rank}.safetensors"))
-    finally:
-        dp.teardown()
+#: The variables ``accelerate launch`` sets for a ZeRO-2 DeepSpeed config.
+ZERO2_ENV = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}
 
 
 def test_zero2_update_equals_one_process(tmp_path: Path) -> None:
-    assert not dp.active()
-    one = _sharded_update()  # this process alone: the plain single-process path
-    _spawn(WORLD, tmp_path, worker=_worker)
-    ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(WORLD)]
-    extra = {k for k in ranks[0] if k.startswith("x.")}
-    assert ranks[0].keys() - extra == one.keys()
-    for k in one:
-        assert torch.equal(ranks[0][k], ranks[1][k]), f"{k} differs between the ranks"
-        torch.testing.assert_close(ranks[0][k], one[k], rtol=1e-5, atol=1e-6, msg=k)
-    assert float(ranks[0]["x.idle"]) == 0 and float(ranks[1]["x.idle"]) >= 1
-    assert all(float(r["x.reload_equal"]) == 1.0 for r in ranks)
-    assert float(one["m.policy/grad_norm"]) > 0
+    ranks_equal_one_process(ZERO2_ENV, tmp_path)
 
 
 @pytest.mark.skipif(not ACCELERATE.exists(), reason="accelerate is installed with credo")
@@ -99,18 +69,9 @@ def test_accelerate_zero1_train_and_resume(tmp_path: Path) -> None:
     records = _metrics(full)
     assert [r["iteration"] for r in records] == list(range(iterations))
     assert all(r["policy/grad_norm"] > 0 for r in records)
-    weights = load_file(str(full / "checkpoints" / "step_1" / "policy" / "model.safetensors"))
-    moments = load_file(str(full / "checkpoints" / "step_1" / "optimizer.safetensors"))
-    shapes = sorted(tuple(v.shape) for v in weights.values())
-    assert sorted(tuple(v.shape) for k, v in moments.items() if k.endswith("exp_avg")) == shapes
+    assert_full_checkpoints(full)
 
-    cut = tmp_path / "cut"  # interrupted after iteration 1
-    shutil.copytree(full, cut)
-    shutil.rmtree(cut / "final_policy")
-    (cut / "final_eval.json").unlink()
-    shutil.rmtree(cut / "checkpoints" / f"step_{iterations}")
-    (cut / "checkpoints" / "latest").write_text(f"step_{iterations - 1}")
-    (cut / ".lock").unlink(missing_ok=True)
+    cut = cut_after(full, tmp_path, iterations)  # interrupted after iteration 1
     _accelerate(["--resume", str(cut)], tmp_path, launch=launch)
     assert _metrics(cut) == records
     a = load_file(str(full / "final_policy" / "model.safetensors"))
