@@ -143,3 +143,13 @@ def test_a_training_run_in_mixed_precision_has_signal(tmp_path) -> None:
         assert m["credit/zero_adv_frac"] < 1
         assert m["policy/grad_norm"] > 0
         assert abs(m["policy/kl_sampler_first"]) < 0.05  # sampler and trainer agree closely
+
+
+def test_a_saved_policy_loaded_by_a_run_runs_mixed_too(tmp_path) -> None:
+    """``build_run(cfg, policy_path=...)`` (pipeline stages, ``credo eval RUN_DIR``) marks
+    the loaded model like a freshly built one."""
+    cfg = load_config("grpo", [*SMALL, "model.mixed_precision=bf16"])
+    build_run(load_config("grpo", SMALL)).policy.save(tmp_path / "policy")
+    assert autocast_dtype(build_run(cfg, policy_path=tmp_path / "policy").policy.model) is (
+        torch.bfloat16
+    )

@@ -305,6 +305,7 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
         if policy_path is not None
         else _policy(cfg, env, make)
     )
+    enable_mixed_precision(policy.model, cfg.model.mixed_precision)  # a saved policy too
     policy.configure_kv_reuse(cfg.rollout.kv_reuse, cfg.rollout.kv_cache_mb)
     renderer = build_renderer(cfg, policy, builtin=builtin, env=env, make=make)
     check_round_trip(make, [Task.make("train", i) for i in range(2)], policy.tokenizer, renderer)
@@ -432,7 +433,6 @@ def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
         policy = HFPolicy.from_pretrained(path, device=device, dtype=_dtype(cfg, device))
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
-    enable_mixed_precision(policy.model, cfg.model.mixed_precision)
     return policy
 
 
