@@ -202,6 +202,38 @@ def _accelerate(args: list[str], cwd: Path, launch: list[str] | None = None) -> 
     return run_launcher(cmd, cwd, env)
 
 
+def assert_sharded_run(full: Path, sharding: str, iterations: int) -> list[dict[str, Any]]:
+    """The launcher's variables reached credo (``processes.json`` names ``sharding``),
+    every iteration was logged with a gradient, and the checkpoints hold full tensors;
+    returns the metrics."""
+    assert json.loads((full / "processes.json").read_text()) == {
+        "processes": WORLD,
+        "sharding": sharding,
+    }
+    records = _metrics(full)
+    assert [r["iteration"] for r in records] == list(range(iterations))
+    assert all(r["policy/grad_norm"] > 0 for r in records)
+    assert_full_checkpoints(full)
+    return records
+
+
+def assert_resume_is_exact(
+    full: Path,
+    tmp_path: Path,
+    iterations: int,
+    records: list[dict[str, Any]],
+    launch: list[str] | None = None,
+) -> None:
+    """Resuming a copy of ``full`` cut after iteration ``iterations - 1`` (with the
+    same launcher) gives the same metrics and bitwise the same final weights."""
+    cut = cut_after(full, tmp_path, iterations)
+    _accelerate(["--resume", str(cut)], tmp_path, launch=launch)
+    assert _metrics(cut) == records
+    a = load_file(str(full / "final_policy" / "model.safetensors"))
+    b = load_file(str(cut / "final_policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def assert_full_checkpoints(full: Path) -> None:
     """The checkpoint after iteration 1 holds full tensors, written once: every AdamW
     moment has the shape of its parameter."""
@@ -232,23 +264,9 @@ def test_accelerate_fsdp_train_and_resume(tmp_path: Path) -> None:
     full = tmp_path / "full"
     assert out.count("run folder:") == 1
     # the launcher's ACCELERATE_USE_FSDP reached credo: the trainer was sharded
-    assert json.loads((full / "processes.json").read_text()) == {
-        "processes": WORLD,
-        "sharding": "fsdp",
-    }
-    records = _metrics(full)
-    assert [r["iteration"] for r in records] == list(range(iterations))
-    assert all(r["policy/grad_norm"] > 0 for r in records)
-    # checkpoints written once, with full tensors: the shapes of the model's parameters
-    assert_full_checkpoints(full)
+    records = assert_sharded_run(full, "fsdp", iterations)
     assert not list((full / "ranks").rglob("checkpoints"))
-
-    cut = cut_after(full, tmp_path, iterations)  # interrupted after iteration 1
-    _accelerate(["--resume", str(cut)], tmp_path)
-    assert _metrics(cut) == records
-    a = load_file(str(full / "final_policy" / "model.safetensors"))
-    b = load_file(str(cut / "final_policy" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_is_exact(full, tmp_path, iterations, records)
 
 
 @pytest.mark.parametrize(

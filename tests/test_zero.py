@@ -14,20 +14,22 @@ subprocess timeout) and is killed in a ``finally``.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from credo.train import zero
 
 pytest.importorskip("deepspeed", reason="pip install 'credo[deepspeed]' (make install does)")
 
-from test_distributed import TINY, WORLD, _metrics, cut_after
-from test_fsdp import _accelerate, assert_full_checkpoints, ranks_equal_one_process
+from test_distributed import TINY
+from test_fsdp import (
+    _accelerate,
+    assert_resume_is_exact,
+    assert_sharded_run,
+    ranks_equal_one_process,
+)
 
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 DS_YAML = Path(__file__).resolve().parents[1] / "examples" / "accelerate" / "deepspeed.yaml"
@@ -62,21 +64,8 @@ def test_accelerate_zero1_train_and_resume(tmp_path: Path) -> None:
         launch=launch,
     )
     full = tmp_path / "full"
-    assert json.loads((full / "processes.json").read_text()) == {
-        "processes": WORLD,
-        "sharding": "zero1",
-    }
-    records = _metrics(full)
-    assert [r["iteration"] for r in records] == list(range(iterations))
-    assert all(r["policy/grad_norm"] > 0 for r in records)
-    assert_full_checkpoints(full)
-
-    cut = cut_after(full, tmp_path, iterations)  # interrupted after iteration 1
-    _accelerate(["--resume", str(cut)], tmp_path, launch=launch)
-    assert _metrics(cut) == records
-    a = load_file(str(full / "final_policy" / "model.safetensors"))
-    b = load_file(str(cut / "final_policy" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    records = assert_sharded_run(full, "zero1", iterations)
+    assert_resume_is_exact(full, tmp_path, iterations, records, launch=launch)
 
 
 @pytest.mark.parametrize(
