@@ -48,12 +48,20 @@ class RecipeSummary:
     update_s: list[float] = field(default_factory=list)
     curves: list[list[tuple[int, float]]] = field(default_factory=list)
     steps_to_reference: int | None = None
+    #: ``steps_to_reference`` over the reference recipe's own (``None`` if either is)
+    steps_ratio: float | None = None
+    #: held-out success minus the reference recipe's, seed by seed
+    delta: list[float] = field(default_factory=list)
     pass_hat_k: dict[str, list[float]] = field(default_factory=dict)
     health: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
         return statistics.fmean(self.final) if self.final else float("nan")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.final) if self.final else float("nan")
 
     @property
     def spread(self) -> float:
@@ -66,6 +74,9 @@ class RecipeSummary:
             "warm": self.warm,
             "mean": self.mean,
             "std": self.spread,
+            "median": self.median,
+            "delta": self.delta,
+            "steps_ratio": self.steps_ratio,
             "iteration_s": statistics.fmean(self.iteration_s) if self.iteration_s else None,
             "update_s": statistics.fmean(self.update_s) if self.update_s else None,
             "steps_to_reference": self.steps_to_reference,
@@ -198,14 +209,31 @@ def compare(
         for k, v in (_passk_one(cfg, out_dir / name, trials, ks) if ks else {}).items():
             s.pass_hat_k.setdefault(k, []).append(v)
 
-    ref = summaries[ref_name]
-    ref_curve = _mean_curve(ref.curves, smooth)
-    threshold = statistics.fmean(y for _, y in ref_curve[-smooth:])
-    for s in summaries.values():
-        curve = _mean_curve(s.curves, smooth)
-        s.steps_to_reference = next((int(x) for x, y in curve if y >= threshold), None)
+    threshold = relate_to_reference(list(summaries.values()), ref_name, smooth)
     _write(out_dir, list(summaries.values()), ref_name, threshold, seeds, overrides or [], smooth)
     return list(summaries.values())
+
+
+def relate_to_reference(summaries: list[RecipeSummary], ref_name: str, smooth: int) -> float:
+    """Fill every summary's ``steps_to_reference``, ``steps_ratio`` and ``delta`` against
+    the recipe ``ref_name``; return the threshold: the reference's final training success
+    (mean over its last ``smooth`` iterations of the seed-averaged moving average).
+
+    ``steps_to_reference`` is the first env-step count at which a recipe's seed-averaged
+    moving-average training success reaches the threshold; ``delta`` pairs the held-out
+    success seed by seed (the seeds share a warm start, which differs far more between
+    seeds than recipes do within one)."""
+    ref = next(s for s in summaries if s.recipe == Path(ref_name).stem)
+    ref_curve = _mean_curve(ref.curves, smooth)
+    threshold = statistics.fmean(y for _, y in ref_curve[-smooth:])
+    for s in summaries:
+        curve = _mean_curve(s.curves, smooth)
+        s.steps_to_reference = next((int(x) for x, y in curve if y >= threshold), None)
+        s.delta = [a - b for a, b in zip(s.final, ref.final)]
+    for s in summaries:
+        known = s.steps_to_reference is not None and ref.steps_to_reference
+        s.steps_ratio = s.steps_to_reference / ref.steps_to_reference if known else None
+    return threshold
 
 
 #: training-health columns: metric → (column, format); each the mean over a run's last
@@ -238,9 +266,12 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
             [
                 s.recipe,
                 f"{s.mean:.1%} ± {s.spread:.1%}",
+                f"{s.median:.1%}",
                 " ".join(f"{v:.1%}" for v in s.final),
+                _signed_points(s.delta),
                 f"{statistics.fmean(s.warm):.1%}" if s.warm else "—",
                 f"{s.steps_to_reference:,}" if s.steps_to_reference is not None else "not reached",
+                f"{s.steps_ratio:.2f}×" if s.steps_ratio is not None else "—",
                 f"{statistics.fmean(s.iteration_s):.2f}",
                 f"{statistics.fmean(s.update_s):.2f}",
                 *(
@@ -253,6 +284,15 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
     return rows
 
 
+def _signed_points(delta: list[float]) -> str:
+    """``+3.1 (+2.0 +3.1 +5.4)``: the median of per-seed differences, then each, in
+    percentage points ("—" without them)."""
+    if not delta:
+        return "—"
+    each = " ".join(f"{100 * d:+.1f}" for d in delta)
+    return f"{100 * statistics.median(delta):+.1f} ({each})"
+
+
 def _columns(summaries: list[RecipeSummary]) -> list[str]:
     """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for."""
     ks = list(summaries[0].pass_hat_k) if summaries else []
@@ -263,9 +303,12 @@ def _columns(summaries: list[RecipeSummary]) -> list[str]:
 COLUMNS = [
     "recipe",
     "held-out success (mean ± sd)",
+    "median",
     "per seed",
+    "Δ vs reference, points: median (per seed)",
     "warm start",
     "env steps to reference",
+    "× reference's env steps",
     "s/iteration",
     "update s/iteration",
 ]

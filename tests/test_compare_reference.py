@@ -1,0 +1,82 @@
+"""``credo compare`` against its reference recipe: env steps to the reference's final
+training success, their ratio, and held-out success paired by seed (hand-worked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from credo.train.compare import RecipeSummary, relate_to_reference, summary_table_rows
+
+
+def _summaries() -> list[RecipeSummary]:
+    grpo = RecipeSummary(
+        "grpo",
+        final=[0.5, 0.3, 0.4],
+        curves=[
+            [(10, 0.2), (20, 0.4), (30, 0.6)],
+            [(10, 0.0), (20, 0.2), (30, 0.4)],
+            [(10, 0.1), (20, 0.3), (30, 0.5)],
+        ],
+        iteration_s=[1.0],
+        update_s=[0.5],
+    )
+    gigpo = RecipeSummary(
+        "gigpo",
+        final=[0.6, 0.2, 0.45],
+        curves=[
+            [(12, 0.4), (24, 0.6), (36, 0.8)],
+            [(8, 0.2), (16, 0.4), (24, 0.6)],
+            [(10, 0.3), (20, 0.5), (30, 0.7)],
+        ],
+        iteration_s=[1.0],
+        update_s=[0.5],
+    )
+    flat = RecipeSummary(
+        "graph",
+        final=[0.1, 0.1, 0.1],
+        curves=[[(10, 0.1), (20, 0.1), (30, 0.1)]] * 3,
+        iteration_s=[1.0],
+        update_s=[0.5],
+    )
+    return [grpo, gigpo, flat]
+
+
+def test_steps_ratio_and_paired_deltas_are_hand_worked() -> None:
+    grpo, gigpo, flat = s = _summaries()
+    # seed-mean curves (smooth 1): grpo 0.1 / 0.3 / 0.5 at 10 / 20 / 30 env steps,
+    # gigpo 0.3 / 0.5 / 0.7 at 10 / 20 / 30
+    threshold = relate_to_reference(s, "grpo", smooth=1)
+    assert threshold == pytest.approx(0.5)
+    assert (grpo.steps_to_reference, gigpo.steps_to_reference) == (30, 20)
+    assert flat.steps_to_reference is None
+    assert grpo.steps_ratio == pytest.approx(1.0)
+    assert gigpo.steps_ratio == pytest.approx(20 / 30)
+    assert flat.steps_ratio is None
+    assert gigpo.delta == pytest.approx([0.1, -0.1, 0.05])
+    assert grpo.delta == [0.0, 0.0, 0.0]
+    assert gigpo.median == pytest.approx(0.45)
+
+
+def test_the_table_shows_median_paired_delta_and_steps_ratio() -> None:
+    s = _summaries()
+    relate_to_reference(s, "grpo", smooth=1)
+    cols, rows = summary_table_rows(s)
+    row = dict(zip(cols, rows[1]))
+    assert row["recipe"] == "gigpo"
+    assert row["median"] == "45.0%"
+    assert row["Δ vs reference, points: median (per seed)"] == "+5.0 (+10.0 -10.0 +5.0)"
+    assert row["env steps to reference"] == "20"
+    assert row["× reference's env steps"] == "0.67×"
+    flat = dict(zip(cols, rows[2]))
+    assert flat["env steps to reference"] == "not reached"
+    assert flat["× reference's env steps"] == "—"
+    # a summary never related to a reference shows dashes, not zeros
+    lone = RecipeSummary("grpo", final=[0.5], iteration_s=[1.0], update_s=[0.5])
+    cols, rows = summary_table_rows([lone])
+    assert dict(zip(cols, rows[0]))["Δ vs reference, points: median (per seed)"] == "—"
+
+
+def test_a_reference_given_as_a_path_is_found_by_its_stem() -> None:
+    s = _summaries()
+    relate_to_reference(s, "recipes/grpo.yaml", smooth=1)
+    assert s[1].steps_ratio == pytest.approx(20 / 30)
