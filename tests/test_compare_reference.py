@@ -8,36 +8,24 @@ import pytest
 from credo.train.compare import RecipeSummary, relate_to_reference, summary_table_rows
 
 
+def _summary(recipe: str, final: list[float], curves: list[list[tuple[int, float]]]):
+    return RecipeSummary(recipe, final=final, curves=curves, iteration_s=[1.0], update_s=[0.5])
+
+
 def _summaries() -> list[RecipeSummary]:
-    grpo = RecipeSummary(
+    grpo = _summary(
         "grpo",
-        final=[0.5, 0.3, 0.4],
-        curves=[
-            [(10, 0.2), (20, 0.4), (30, 0.6)],
-            [(10, 0.0), (20, 0.2), (30, 0.4)],
-            [(10, 0.1), (20, 0.3), (30, 0.5)],
-        ],
-        iteration_s=[1.0],
-        update_s=[0.5],
-    )
-    gigpo = RecipeSummary(
+        [0.5, 0.3, 0.4],
+        [[(10, 0.2), (20, 0.4), (30, 0.6)], [(10, 0.0), (20, 0.2), (30, 0.4)],
+         [(10, 0.1), (20, 0.3), (30, 0.5)]],
+    )  # fmt: skip
+    gigpo = _summary(
         "gigpo",
-        final=[0.6, 0.2, 0.45],
-        curves=[
-            [(12, 0.4), (24, 0.6), (36, 0.8)],
-            [(8, 0.2), (16, 0.4), (24, 0.6)],
-            [(10, 0.3), (20, 0.5), (30, 0.7)],
-        ],
-        iteration_s=[1.0],
-        update_s=[0.5],
-    )
-    flat = RecipeSummary(
-        "graph",
-        final=[0.1, 0.1, 0.1],
-        curves=[[(10, 0.1), (20, 0.1), (30, 0.1)]] * 3,
-        iteration_s=[1.0],
-        update_s=[0.5],
-    )
+        [0.6, 0.2, 0.45],
+        [[(12, 0.4), (24, 0.6), (36, 0.8)], [(8, 0.2), (16, 0.4), (24, 0.6)],
+         [(10, 0.3), (20, 0.5), (30, 0.7)]],
+    )  # fmt: skip
+    flat = _summary("graph", [0.1, 0.1, 0.1], [[(10, 0.1), (20, 0.1), (30, 0.1)]] * 3)
     return [grpo, gigpo, flat]
 
 
