@@ -3,9 +3,13 @@
     python benchmarks/credit_signal.py --policy RUN_DIR/final_policy
     python benchmarks/credit_signal.py --policy ~/.cache/credo/warmstart/KEY/policy \\
         --difficulty multi --tasks 64
+    python benchmarks/credit_signal.py --policy RUN_DIR/final_policy --env gym:credo/TextLights-v0 \\
+        "env.kwargs={make_kwargs: {min_lamps: 6, max_lamps: 9, max_episode_steps: 11}}"
 
-Samples ``--tasks`` groups of ``--group`` episodes with the policy on ``shop`` (training
-tasks, as the trainer does) and prints, from the same forest:
+Samples ``--tasks`` groups of ``--group`` episodes with the policy on ``--env`` (default
+``shop``; ``--difficulty`` sets ``env.kwargs.difficulty``, and ``key=value`` overrides
+anything else of the run's config) on training tasks, as the trainer does, and prints,
+from the same forest:
 
 - the share of groups with mixed outcomes (GRPO's only source of signal) and the share
   of steps with a non-zero episode advantage;
@@ -85,20 +89,24 @@ def proas_rows(f: Any, base: torch.Tensor) -> list[list[str]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--policy", required=True, help="a policy folder (final_policy, warm start)")
-    ap.add_argument("--difficulty", default="default")
+    ap.add_argument("--env", default="shop", help="env name (default shop)")
+    ap.add_argument("--difficulty", default=None, help="env.kwargs.difficulty")
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variant", action="append", default=[], help="NAME:key=value,...")
     ap.add_argument("--abstract-states", default=None, help="shop's abstract_states (goal, stage)")
+    ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     cfg = load_config(
         "grpo",
         [
-            f"env.kwargs.difficulty={args.difficulty}",
+            f"env.name={args.env}",
+            *([f"env.kwargs.difficulty={args.difficulty}"] if args.difficulty else []),
+            *args.overrides,
             f"rollout.group_size={args.group}",
             f"train.threads={args.threads}",
             *(
@@ -136,7 +144,10 @@ def main() -> None:
         ["steps with GiGPO step advantage ≠ 0", f"{float((a_s.abs() > 1e-9).float().mean()):.1%}"],
     ]
     print_table(
-        f"rollouts of {args.policy} on shop/{args.difficulty}", ["quantity", "value"], summary
+        f"rollouts of {args.policy} on {args.env}"
+        + (f"/{args.difficulty}" if args.difficulty else ""),
+        ["quantity", "value"],
+        summary,
     )
 
     base = compute_advantages("grpo", f, {}, None).double()
