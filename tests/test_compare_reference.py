@@ -40,6 +40,11 @@ def test_steps_ratio_and_paired_deltas_are_hand_worked() -> None:
     assert grpo.steps_ratio == pytest.approx(1.0)
     assert gigpo.steps_ratio == pytest.approx(20 / 30)
     assert flat.steps_ratio is None
+    # seed by seed: gigpo reaches grpo's final 0.6 / 0.4 / 0.5 at 24 / 16 / 20 env steps,
+    # grpo at 30 on each seed
+    assert gigpo.seed_steps_ratio == pytest.approx([24 / 30, 16 / 30, 20 / 30])
+    assert grpo.seed_steps_ratio == [1.0, 1.0, 1.0]
+    assert flat.seed_steps_ratio == [None, None, None]
     assert gigpo.delta == pytest.approx([0.1, -0.1, 0.05])
     assert grpo.delta == [0.0, 0.0, 0.0]
     assert gigpo.median == pytest.approx(0.45)
@@ -55,9 +60,12 @@ def test_the_table_shows_median_paired_delta_and_steps_ratio() -> None:
     assert row["Δ vs reference, points: median (per seed)"] == "+5.0 (+10.0 -10.0 +5.0)"
     assert row["env steps to reference"] == "20"
     assert row["× reference's env steps"] == "0.67×"
+    per_seed = "× reference's env steps, same seed: median (per seed)"
+    assert row[per_seed] == "0.67× (0.80× 0.53× 0.67×)"
     flat = dict(zip(cols, rows[2]))
     assert flat["env steps to reference"] == "not reached"
     assert flat["× reference's env steps"] == "—"
+    assert flat[per_seed] == "not reached (not reached not reached not reached)"
     # a summary never related to a reference shows dashes, not zeros
     lone = RecipeSummary("grpo", final=[0.5], iteration_s=[1.0], update_s=[0.5])
     cols, rows = summary_table_rows([lone])
@@ -68,3 +76,13 @@ def test_a_reference_given_as_a_path_is_found_by_its_stem() -> None:
     s = _summaries()
     relate_to_reference(s, "recipes/grpo.yaml", smooth=1)
     assert s[1].steps_ratio == pytest.approx(20 / 30)
+
+
+def test_a_seed_that_never_reaches_counts_as_the_slowest() -> None:
+    """Two of three seeds reach the reference: the median is the slower of them; one of
+    three: not reached."""
+    from credo.train.compare import _per_seed_ratios
+
+    assert _per_seed_ratios([0.5, None, 0.9]) == "0.90× (0.50× not reached 0.90×)"
+    assert _per_seed_ratios([0.5, None, None]).startswith("not reached (")
+    assert _per_seed_ratios([0.4, 0.8]) == "0.80× (0.40× 0.80×)"  # even count: the higher

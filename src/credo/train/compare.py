@@ -20,6 +20,7 @@ trials per held-out task (:meth:`~credo.train.run.Run.evaluate`, saved in the ru
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ class RecipeSummary:
     steps_to_reference: int | None = None
     #: ``steps_to_reference`` over the reference recipe's own (``None`` if either is)
     steps_ratio: float | None = None
+    #: the same seed by seed: env steps to the reference's final training success *on
+    #: that seed*, over the reference's own (``None``: not reached on that seed)
+    seed_steps_ratio: list[float | None] = field(default_factory=list)
     #: held-out success minus the reference recipe's, seed by seed
     delta: list[float] = field(default_factory=list)
     pass_hat_k: dict[str, list[float]] = field(default_factory=dict)
@@ -77,6 +81,7 @@ class RecipeSummary:
             "median": self.median,
             "delta": self.delta,
             "steps_ratio": self.steps_ratio,
+            "seed_steps_ratio": self.seed_steps_ratio,
             "iteration_s": statistics.fmean(self.iteration_s) if self.iteration_s else None,
             "update_s": statistics.fmean(self.update_s) if self.update_s else None,
             "steps_to_reference": self.steps_to_reference,
@@ -215,25 +220,44 @@ def compare(
 
 
 def relate_to_reference(summaries: list[RecipeSummary], ref_name: str, smooth: int) -> float:
-    """Fill every summary's ``steps_to_reference``, ``steps_ratio`` and ``delta`` against
-    the recipe ``ref_name``; return the threshold: the reference's final training success
-    (mean over its last ``smooth`` iterations of the seed-averaged moving average).
+    """Fill every summary's ``steps_to_reference``, ``steps_ratio``, ``seed_steps_ratio``
+    and ``delta`` against the recipe ``ref_name``; return the threshold: the reference's
+    final training success (mean over its last ``smooth`` iterations of the seed-averaged
+    moving average).
 
     ``steps_to_reference`` is the first env-step count at which a recipe's seed-averaged
-    moving-average training success reaches the threshold; ``delta`` pairs the held-out
-    success seed by seed (the seeds share a warm start, which differs far more between
-    seeds than recipes do within one)."""
+    moving-average training success reaches the threshold; ``seed_steps_ratio`` does the
+    same per seed, against the reference's final value and env steps on that seed;
+    ``delta`` pairs the held-out success seed by seed (the seeds share a warm start, which
+    differs far more between seeds than recipes do within one)."""
     ref = next(s for s in summaries if s.recipe == Path(ref_name).stem)
-    ref_curve = _mean_curve(ref.curves, smooth)
-    threshold = statistics.fmean(y for _, y in ref_curve[-smooth:])
+    threshold, ref_steps = _reach(ref.curves, smooth)
+    ref_seeds = [_reach([c], smooth) for c in ref.curves]
     for s in summaries:
-        curve = _mean_curve(s.curves, smooth)
-        s.steps_to_reference = next((int(x) for x, y in curve if y >= threshold), None)
+        s.steps_to_reference = _reach(s.curves, smooth, threshold)[1]
+        s.steps_ratio = _ratio(s.steps_to_reference, ref_steps)
+        s.seed_steps_ratio = [
+            _ratio(_reach([c], smooth, level)[1], steps)
+            for c, (level, steps) in zip(s.curves, ref_seeds)
+        ]
         s.delta = [a - b for a, b in zip(s.final, ref.final)]
-    for s in summaries:
-        known = s.steps_to_reference is not None and ref.steps_to_reference
-        s.steps_ratio = s.steps_to_reference / ref.steps_to_reference if known else None
     return threshold
+
+
+def _reach(
+    curves: list[list[tuple[int, float]]], smooth: int, threshold: float | None = None
+) -> tuple[float, int | None]:
+    """``(threshold, env steps)``: the first env-step count at which the seed-averaged
+    moving average of ``curves`` reaches ``threshold`` (default: its own final value,
+    the mean of its last ``smooth`` points), or ``None`` if it never does."""
+    curve = _mean_curve(curves, smooth)
+    if threshold is None:
+        threshold = statistics.fmean(y for _, y in curve[-smooth:])
+    return threshold, next((int(x) for x, y in curve if y >= threshold), None)
+
+
+def _ratio(steps: int | None, ref_steps: int | None) -> float | None:
+    return steps / ref_steps if steps is not None and ref_steps else None
 
 
 #: training-health columns: metric → (column, format); each the mean over a run's last
@@ -272,6 +296,7 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
                 f"{statistics.fmean(s.warm):.1%}" if s.warm else "—",
                 f"{s.steps_to_reference:,}" if s.steps_to_reference is not None else "not reached",
                 f"{s.steps_ratio:.2f}×" if s.steps_ratio is not None else "—",
+                _per_seed_ratios(s.seed_steps_ratio),
                 f"{statistics.fmean(s.iteration_s):.2f}",
                 f"{statistics.fmean(s.update_s):.2f}",
                 *(
@@ -293,6 +318,16 @@ def _signed_points(delta: list[float]) -> str:
     return f"{100 * statistics.median(delta):+.1f} ({each})"
 
 
+def _per_seed_ratios(ratios: list[float | None]) -> str:
+    """``0.61× (0.55× 0.61× not reached)``: the median over seeds (a seed that never got
+    there counts as the largest), then each ("—" without them)."""
+    if not ratios:
+        return "—"
+    med = statistics.median_high([math.inf if r is None else r for r in ratios])
+    each = " ".join("not reached" if r is None else f"{r:.2f}×" for r in ratios)
+    return f"{'not reached' if math.isinf(med) else f'{med:.2f}×'} ({each})"
+
+
 def _columns(summaries: list[RecipeSummary]) -> list[str]:
     """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for."""
     ks = list(summaries[0].pass_hat_k) if summaries else []
@@ -309,6 +344,7 @@ COLUMNS = [
     "warm start",
     "env steps to reference",
     "× reference's env steps",
+    "× reference's env steps, same seed: median (per seed)",
     "s/iteration",
     "update s/iteration",
 ]
