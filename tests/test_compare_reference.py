@@ -86,3 +86,12 @@ def test_a_seed_that_never_reaches_counts_as_the_slowest() -> None:
     assert _per_seed_ratios([0.5, None, 0.9]) == "0.90× (0.50× not reached 0.90×)"
     assert _per_seed_ratios([0.5, None, None]).startswith("not reached (")
     assert _per_seed_ratios([0.4, 0.8]) == "0.80× (0.40× 0.80×)"  # even count: the higher
+
+
+def test_the_markdown_table_escapes_the_pipes_of_a_column_name() -> None:
+    """``|A| p99`` must not split the row of ``compare.md`` into extra cells."""
+    from credo.train.compare import _cell
+
+    assert _cell("|A| p99") == "\\|A\\| p99"
+    row = "| " + " | ".join(map(_cell, ["grpo", "|A| p99"])) + " |"
+    assert len(row.replace("\\|", "").strip("|").split("|")) == 2

@@ -350,6 +350,11 @@ COLUMNS = [
 ]
 
 
+def _cell(text: str) -> str:
+    """A Markdown table cell: its pipes escaped (the ``|A| p99`` column)."""
+    return text.replace("|", "\\|")
+
+
 def _write(
     out_dir: Path,
     summaries: list[RecipeSummary],
@@ -373,8 +378,8 @@ def _write(
         ),
     )
     cols = _columns(summaries)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(r) + " |" for r in _table_rows(summaries)]
+    lines = ["| " + " | ".join(_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(map(_cell, r)) + " |" for r in _table_rows(summaries)]
     lines.append("")
     lines.append(
         f"Reference: {ref}'s final training success {threshold:.1%} "
