@@ -89,9 +89,11 @@ def test_a_seed_that_never_reaches_counts_as_the_slowest() -> None:
 
 
 def test_the_markdown_table_escapes_the_pipes_of_a_column_name() -> None:
-    """``|A| p99`` must not split the row of ``compare.md`` into extra cells."""
-    from credo.train.compare import _cell
+    """``|A| p99`` must not split a row of ``compare.md`` (or a pipeline table) into
+    extra cells."""
+    from credo.utils.markdown import markdown_table
 
-    assert _cell("|A| p99") == "\\|A\\| p99"
-    row = "| " + " | ".join(map(_cell, ["grpo", "|A| p99"])) + " |"
-    assert len(row.replace("\\|", "").strip("|").split("|")) == 2
+    text = markdown_table(["recipe", "|A| p99"], [["grpo", "2.47"]])
+    assert text == "| recipe | \\|A\\| p99 |\n|---|---|\n| grpo | 2.47 |\n"
+    for line in text.splitlines():
+        assert len(line.replace("\\|", "").strip("|").split("|")) == 2

@@ -28,6 +28,7 @@ from credo.pipeline.registry import STAGES, StageContext, StageResult
 from credo.pipeline.spec import PipelineError, PipelineSpec, StageSpec
 from credo.utils.atomic import write_text_atomic
 from credo.utils.lock import RunLock
+from credo.utils.markdown import markdown_table
 
 __all__ = ["MARKER", "PipelineResult", "StageRecord", "run_pipeline", "write_table"]
 
@@ -208,9 +209,7 @@ def write_table(stem: Path, rows: list[tuple[str, Any]]) -> None:
 
 
 def _write_both(stem: Path, header: tuple[str, ...], rows: list[list[str]]) -> None:
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
-    write_text_atomic(stem.with_suffix(".md"), "\n".join(md) + "\n")
+    write_text_atomic(stem.with_suffix(".md"), markdown_table(header, rows))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)

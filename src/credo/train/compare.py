@@ -34,6 +34,7 @@ from credo.train.config import Config, ConfigError, load_config
 from credo.train.logging import read_metrics
 from credo.train.loop import train
 from credo.utils.atomic import write_text_atomic
+from credo.utils.markdown import markdown_table
 
 __all__ = ["RecipeSummary", "compare"]
 
@@ -350,11 +351,6 @@ COLUMNS = [
 ]
 
 
-def _cell(text: str) -> str:
-    """A Markdown table cell: its pipes escaped (the ``|A| p99`` column)."""
-    return text.replace("|", "\\|")
-
-
 def _write(
     out_dir: Path,
     summaries: list[RecipeSummary],
@@ -377,15 +373,12 @@ def _write(
             indent=1,
         ),
     )
-    cols = _columns(summaries)
-    lines = ["| " + " | ".join(_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(map(_cell, r)) + " |" for r in _table_rows(summaries)]
-    lines.append("")
-    lines.append(
+    table = markdown_table(_columns(summaries), _table_rows(summaries))
+    reference = (
         f"Reference: {ref}'s final training success {threshold:.1%} "
         f"({smooth}-iteration moving average, mean over seeds {seeds})."
     )
-    write_text_atomic(out_dir / "compare.md", "\n".join(lines) + "\n")
+    write_text_atomic(out_dir / "compare.md", f"{table}\n{reference}\n")
 
     import matplotlib
 
