@@ -23,8 +23,9 @@ from the same forest:
   rows above 3 (:func:`credo.credit.advantage_stats`), against GRPO's, and the share of
   invalid-action rows it pushes up (A > 0: an invalid action inside a good episode);
 - ProAS's progress labels with a graph grown from this forest's successes: its edges,
-  the share of failed episodes' rows it counts as reasonable (spared), and how much of
-  GRPO's negative and positive advantage mass survives the shaping.
+  the share of failed episodes' rows it spares (``spare=reasonable``: every on-graph
+  step; ``spare=progress``: on-graph steps that also bring the state closer to a goal),
+  and how much of GRPO's negative and positive advantage mass survives the shaping.
 
 ``--variant NAME:key=value,...`` adds an estimator with parameters (e.g.
 ``graph:std_floor=0.1``, ``gigpo:invalid_penalty=0.1,invalid_anchors=split``);
@@ -66,24 +67,30 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
 
 
 def proas_rows(f: Any, base: torch.Tensor) -> list[list[str]]:
-    """ProAS's labels with a graph grown from this forest's successes (update first)."""
+    """ProAS's labels with a graph grown from this forest's successes (update first),
+    for both rules of what a failed episode spares (``spare``: reasonable, progress)."""
     graph = ProgressGraph()
     graph.update(f)
-    reasonable, _ = progress_labels(f, graph)
+    reasonable, progress = progress_labels(f, graph)
     ep = f.episodes()
     row_success = f.episode_values_to_rows(ep.success.double()) > 0.5
     failed = ~row_success
-    shaped = compute_advantages("proas", f, {"update_first": True}, None).double()
-    neg = (base.clamp(max=0).abs().sum(), shaped.clamp(max=0).abs().sum())
-    pos = (base.clamp(min=0).sum(), shaped.clamp(min=0).sum())
-    spared = float(reasonable[failed].float().mean()) if failed.any() else float("nan")
-    return [
+    rows = [
         ["progress graph edges", f"{graph.num_edges}"],
         ["distinct abstract states", f"{len(f.extras['abstract_state'].unique())}"],
-        ["failed episodes' rows counted reasonable", f"{spared:.1%}"],
-        ["GRPO negative mass kept by ProAS", f"{float(neg[1] / neg[0]):.1%}"],
-        ["GRPO positive mass kept by ProAS", f"{float(pos[1] / pos[0]):.1%}"],
     ]
+    for spare, spared in (("reasonable", reasonable), ("progress", reasonable & progress)):
+        params = {"update_first": True, "spare": spare}
+        shaped = compute_advantages("proas", f, params, None).double()
+        neg = (base.clamp(max=0).abs().sum(), shaped.clamp(max=0).abs().sum())
+        pos = (base.clamp(min=0).sum(), shaped.clamp(min=0).sum())
+        share = float(spared[failed].float().mean()) if failed.any() else float("nan")
+        rows += [
+            [f"spare={spare}: failed episodes' rows spared", f"{share:.1%}"],
+            [f"spare={spare}: GRPO negative mass kept", f"{float(neg[1] / neg[0]):.1%}"],
+            [f"spare={spare}: GRPO positive mass kept", f"{float(pos[1] / pos[0]):.1%}"],
+        ]
+    return rows
 
 
 def main() -> None:

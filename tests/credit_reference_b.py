@@ -164,6 +164,7 @@ def proas_reference(
     mask_negative: bool = True,
     redistribute: str = "future_drift",
     match: str = "edge",
+    spare: str = "reasonable",
     min_graph_edges: int = 1,
     reward_coef: float = 0.1,
     frozen: bool = False,
@@ -206,7 +207,12 @@ def proas_reference(
             a, length = adv[k], len(p)
             masked = [
                 (mask_positive and a > 0 and not reasonable[i])
-                or (mask_negative and a < 0 and reasonable[i])
+                or (
+                    mask_negative
+                    and a < 0
+                    and reasonable[i]
+                    and (spare == "reasonable" or progress[i])
+                )
                 for i in p
             ]
             values = [0.0 if m else a for m in masked]

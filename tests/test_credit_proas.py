@@ -111,6 +111,25 @@ def test_linear_group_ablations() -> None:
     )
 
 
+def test_spare_progress_penalises_wandering() -> None:
+    # G: 1→2→3→4 (goal), d = (3, 2, 1, 0). E1 (A < 0) wanders along valid edges:
+    #   E0: 1→2, 2→3, 3→4 (R = 1)        E1: 1→2, 2→3, 3→2, 2→3 (R = 0)
+    # First add 3→2 (back-tracking) to G, as a success that went back once would.
+    g = shop_graph()
+    g.add_episodes(
+        build(chain(0, [(1, 2), (2, 3), (3, 2), (2, 3), (3, 4)], reward=1, success=True))
+    )
+    f = build(
+        chain(0, [(1, 2), (2, 3), (3, 4)], reward=1.0, success=True),
+        chain(0, [(1, 2), (2, 3), (3, 2), (2, 3)], reward=0.0, success=False),
+    )
+    # spare="reasonable": every step of E1 is an edge of G → all spared, E1 gets 0.
+    close(proas(f, state=copy(g)), [R2, R2, R2, 0, 0, 0, 0])
+    # spare="progress": progress of E1 = (yes 3→2, yes 2→1, no 1→2, yes 2→1)
+    #   spared: rows 0, 1, 3; unmasked: row 2 only (N_u = 1), drift(2) = 1 → A·1·1/1 = A
+    close(proas(f, state=copy(g), spare="progress"), [R2, R2, R2, 0, 0, -R2, 0])
+
+
 def test_reward_shaping_ablation() -> None:
     # r'_t = r_t + 0.1·([progress] − [not reasonable]):
     #   E0: 1→2 +0.1, 2→2 −0.1 (no progress, not an edge), 2→3 +0.1, 3→4 +0.1 → R' = 1.2
@@ -380,6 +399,7 @@ def test_registry_and_errors() -> None:
         {"shaping": "both"},
         {"redistribute": "drift"},
         {"match": "verb"},
+        {"spare": "valid"},
         {"min_graph_edges": -1},
     ):
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -409,6 +429,7 @@ KNOBS = st.fixed_dictionaries(
         "shaping": st.sampled_from(["advantage", "reward"]),
         "redistribute": st.sampled_from(["future_drift", "suffix_length", "none"]),
         "match": st.sampled_from(["edge", "edge_or_action"]),
+        "spare": st.sampled_from(["reasonable", "progress"]),
         "mask_positive": st.booleans(),
         "mask_negative": st.booleans(),
         "norm_by_std": st.booleans(),
@@ -518,7 +539,9 @@ def test_negative_episode_keeps_total_penalty(
     # whatever the redistribution (future drift, suffix length, uniform fallback, none).
     knobs = {**knobs, "shaping": "advantage", "update_first": False, "min_graph_edges": 0}
     g = seeded(seed)
-    reasonable, _ = progress_labels(forest, g, match=knobs["match"])
+    reasonable, progress = progress_labels(forest, g, match=knobs["match"])
+    if knobs["spare"] == "progress":
+        reasonable = reasonable & progress
     adv = proas(forest, state=g, **knobs).double()
     ep = forest.episodes()
     base = episode_group_advantage(ep.ret, ep.group, norm_by_std=knobs["norm_by_std"])

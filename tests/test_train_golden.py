@@ -44,6 +44,8 @@ CASES = [(r, r, []) for r in recipe_names() if r != "base" and r not in NEEDS_TE
     ("grpo-minibatches", "grpo", ["optim.epochs=2", "optim.minibatches=2"]),
     ("grpo-entropy-eval", "grpo", ["objective.entropy_coef=0.01", "eval.every=2"]),
     ("proas-seeded", "proas", ["credit.seed_graph=demonstrations", "credit.seed_episodes=20"]),
+    # the estimator's rule as reconstructed, before the recipe spared only progress
+    ("proas-spare-reasonable", "proas", ["credit.params.spare=reasonable"]),
     ("klpo-topk", "klpo", ["objective.params={beta: 0.1, kl: topk}", "rollout.topk_logprobs=4"]),
 ]
 

@@ -19,7 +19,10 @@ The trajectory advantage A (GRPO, or Dr.GRPO with ``norm_by_std=False``) is shap
 asymmetrically, per episode of T steps:
 
 - A > 0: unreasonable steps get 0 (``mask_positive``), the others A.
-- A < 0: reasonable steps get 0 (``mask_negative``); the N_u unmasked steps share the
+- A < 0: reasonable steps get 0 (``mask_negative``); with ``spare="progress"`` only the
+  reasonable steps that also make progress (d_G falls) get 0, so valid steps that wander
+  or back-track inside a failed episode keep their share of the penalty. The N_u unmasked
+  steps share the
   penalty A·N_u by *Future-Drift*: drift_t = #{k ∈ t..T−1 : not progress_k},
   w_t = drift_t / Σ_{unmasked u} drift_u, A_t = A · N_u · w_t, so Σ_t A_t = A·N_u and
   early off-track actions get most of it. When no unmasked step has drift > 0 the
@@ -83,6 +86,7 @@ __all__ = [
 _SHAPINGS = ("advantage", "reward")
 _REDISTRIBUTIONS = ("future_drift", "suffix_length", "none")
 _MATCHES = ("edge", "edge_or_action")
+_SPARES = ("reasonable", "progress")
 _FORMAT = "credo.ProgressGraph/1"
 
 
@@ -476,6 +480,7 @@ def proas(
     mask_negative: bool = True,
     redistribute: Literal["future_drift", "suffix_length", "none"] = "future_drift",
     match: Literal["edge", "edge_or_action"] = "edge",
+    spare: Literal["reasonable", "progress"] = "reasonable",
     min_graph_edges: int = 1,
     reward_coef: float = 0.1,
     frozen: bool = False,
@@ -497,6 +502,10 @@ def proas(
         redistribute: how the remaining negative advantage is spread over unmasked
             steps: ``"future_drift"`` (default), ``"suffix_length"`` or ``"none"``.
         match: ``"edge"`` (default) or ``"edge_or_action"``, see :func:`progress_labels`.
+        spare: which steps of an episode with A < 0 ``mask_negative`` spares:
+            ``"reasonable"`` (default, the paper's rule as reconstructed) or
+            ``"progress"`` (reasonable *and* progress: a valid step that does not bring
+            the state closer to a goal of G is penalised like an unreasonable one).
         min_graph_edges: shaping applies only when G has at least this many edges;
             below, plain GRPO. Default 1 (only an empty graph disables shaping).
         reward_coef: β of ``shaping="reward"``. Default 0.1.
@@ -510,6 +519,8 @@ def proas(
         raise ValueError(f"redistribute must be one of {_REDISTRIBUTIONS}, got {redistribute!r}")
     if match not in _MATCHES:
         raise ValueError(f"match must be one of {_MATCHES}, got {match!r}")
+    if spare not in _SPARES:
+        raise ValueError(f"spare must be one of {_SPARES}, got {spare!r}")
     if min_graph_edges < 0:
         raise ValueError(f"min_graph_edges must be >= 0, got {min_graph_edges}")
     if state is not None and not isinstance(state, ProgressGraph):
@@ -537,7 +548,10 @@ def proas(
         out = forest.episode_values_to_rows(adv)
     else:
         adv = episode_group_advantage(ep.ret, ep.group, norm_by_std=norm_by_std, eps=eps)
-        out = _shape(adv, ep, reasonable, progress, mask_positive, mask_negative, redistribute, n)
+        spared = reasonable & progress if spare == "progress" else reasonable
+        out = _shape(
+            adv, ep, reasonable, spared, progress, mask_positive, mask_negative, redistribute, n
+        )
 
     if not update_first and not frozen:
         graph.update(forest)
@@ -548,13 +562,17 @@ def _shape(
     adv: torch.Tensor,
     ep: EpisodeIndex,
     reasonable: torch.Tensor,
+    spared: torch.Tensor,
     progress: torch.Tensor,
     mask_positive: bool,
     mask_negative: bool,
     redistribute: str,
     n: int,
 ) -> torch.Tensor:
-    """Asymmetric masking + redistribution per (episode, step) entry → row means ``[N]``."""
+    """Asymmetric masking + redistribution per (episode, step) entry → row means ``[N]``.
+
+    ``reasonable`` rows keep a positive advantage; ``spared`` rows lose a negative one.
+    """
     e = ep.num_episodes
     eo = ep.episode_of
     a = adv[eo]  # [entries] the episode's advantage
@@ -564,7 +582,7 @@ def _shape(
     if mask_positive:
         masked |= pos & ~reas
     if mask_negative:
-        masked |= neg & reas
+        masked |= neg & spared[ep.rows]
     unmasked = ~masked
     value = torch.where(unmasked, a, torch.zeros_like(a))
     if redistribute != "none":
