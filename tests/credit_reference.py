@@ -49,6 +49,7 @@ class _Rows:
         self.reward = [float(r) for r in forest.reward.tolist()]
         self.terminal = forest.terminal.tolist()
         self.valid = forest.valid.tolist()
+        self.success = forest.success.tolist()
         self.obs = list(forest.observations)
         self.tokens = [int(r.numel()) for r in forest.response_ids]
         self.children: list[list[int]] = [[] for _ in range(self.n)]
@@ -241,6 +242,7 @@ def graphpo_reference(
     out_norm: str = "mean_std",
     singleton: str = "zero",
     episode_norm: str = "mean_std_norm",
+    efficiency: str = "all",
     gamma: float = 0.95,
     backup: str = "mean",
     tol: float = 1e-6,
@@ -273,6 +275,12 @@ def graphpo_reference(
     for i in range(n):  # parents come first
         plen[i] = per_row[i] + (plen[rows.parent[i]] if rows.parent[i] >= 0 else 0.0)
     a_in = _zscore_by([-x for x in plen], dst, by_std=True, eps=eps)
+    if efficiency == "success":
+        # nodes a successful episode leaves or reaches
+        good = {
+            node for p in rows.paths if rows.success[p[-1]] for i in p for node in (src[i], dst[i])
+        }
+        a_in = [a_in[i] if dst[i] in good else 0.0 for i in range(n)]
     a_e = _episode_term(rows, episode_norm, eps)
     return [a_e[i] + a_out[i] + lam * a_in[i] for i in range(n)]
 

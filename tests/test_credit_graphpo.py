@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -57,6 +59,36 @@ def test_merge_dag() -> None:
         graphpo(f),
         [1.1547005, 0.2237969, 0.2237969, 1.5082540, 0.9309037, -2.3094011, -1.1547005],
     )
+
+
+def merge_group_success(winner: int | None) -> RolloutForest:
+    """:func:`merge_group` with the episode ending at leaf row ``winner`` a success."""
+    f = merge_group()
+    success = [i == winner for i in range(7)]
+    return RolloutForest.from_columns(
+        group=f.group,
+        parent=f.parent,
+        state=f.state,
+        next_state=f.next_state,
+        reward=f.reward,
+        success=success,
+    )
+
+
+def test_efficiency_only_at_success_nodes() -> None:
+    # A_in of merge_group: rows 1, 3 arrive at s2 (lengths 2, 1) → −S, +S; rows 2, 4 at
+    # end(9) (lengths 3, 2) → −S, +S; the rest 0. The term alone: A(λ=0.5) − A(λ=0).
+    def efficiency_term(f: RolloutForest, **kw: str) -> torch.Tensor:
+        return graphpo(f, **EDGE_ONLY, **kw) - graphpo(f, lam=0.0, **EDGE_ONLY, **kw)
+
+    all_nodes = [0, -0.5 * S, -0.5 * S, 0.5 * S, 0.5 * S, 0, 0]
+    close(efficiency_term(merge_group_success(None)), all_nodes)
+    # A succeeds (leaf row 2): it passes s0, s1, s2, end(9) → every A_in is kept
+    close(efficiency_term(merge_group_success(2), efficiency="success"), all_nodes)
+    # only C succeeds (leaf row 6): success nodes s0, s3, end(8) → s2 and end(9) give 0
+    close(efficiency_term(merge_group_success(6), efficiency="success"), [0.0] * 7)
+    # no success in the group: no efficiency term at all
+    close(efficiency_term(merge_group_success(None), efficiency="success"), [0.0] * 7)
 
 
 def tree_group() -> RolloutForest:
@@ -169,6 +201,7 @@ KNOBS = [
     {"value": "bellman", "backup": "max", "out_norm": "mean", "singleton": "raw"},
     {"length": "tokens", "episode_norm": "mean_norm", "lam": 0.3},
     {"similarity_threshold": 0.9, "out_norm": "none", "episode_norm": "none"},
+    {"efficiency": "success", "out_norm": "mean"},
 ]
 
 
@@ -176,6 +209,10 @@ KNOBS = [
 @given(forests(tokens=True), st.sampled_from(KNOBS))
 def test_matches_loop_reference(forest: RolloutForest, knobs: dict) -> None:
     knobs = {**knobs, "tol": 1e-10}
+    # leaves with a positive return count as successes (``efficiency="success"``)
+    leaf = torch.ones(forest.num_rows, dtype=torch.bool)
+    leaf[forest.parent[forest.parent >= 0]] = False
+    forest = dataclasses.replace(forest, success=leaf & (forest.reward > 0))
     a = compute_advantages("graphpo", forest, knobs)
     ref = torch.tensor(graphpo_reference(forest, **knobs), dtype=torch.float64)
     assert torch.isfinite(a).all()
@@ -213,6 +250,8 @@ def test_equal_rewards(forest: RolloutForest, knobs: dict) -> None:
     only_in = graphpo(forest, **knobs)
     nodes = state_nodes(forest, similarity_threshold=knobs.get("similarity_threshold"))
     a_in = graphpo_in_edge_advantage(forest, nodes, length=knobs.get("length", "steps"))
+    if knobs.get("efficiency") == "success":  # no episode succeeds here: no term at all
+        a_in = torch.zeros_like(a_in)
     assert torch.allclose(only_in, (lam * a_in).float(), atol=1e-6)
 
 

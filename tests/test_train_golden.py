@@ -46,6 +46,12 @@ CASES = [(r, r, []) for r in recipe_names() if r != "base" and r not in NEEDS_TE
     ("proas-seeded", "proas", ["credit.seed_graph=demonstrations", "credit.seed_episodes=20"]),
     # the estimator's rule as reconstructed, before the recipe spared only progress
     ("proas-spare-reasonable", "proas", ["credit.params.spare=reasonable"]),
+    # the estimator's defaults, before the recipe centred A_out and gated A_in
+    (
+        "graphpo-estimator-defaults",
+        "graphpo",
+        ["credit.params.out_norm=mean_std", "credit.params.efficiency=all"],
+    ),
     ("klpo-topk", "klpo", ["objective.params={beta: 0.1, kl: topk}", "rollout.topk_logprobs=4"]),
 ]
 

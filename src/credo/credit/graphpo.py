@@ -33,7 +33,9 @@ Advantages of a row (edge e = n → n'):
   steps from the root (``length="steps"``, = t + 1) or its response tokens summed from the
   root (``"tokens"``, needs token data). A node reached by one row, or by rows of equal
   length, gives 0. This term does not look at rewards: with λ > 0, equal rewards do not
-  give zero advantages.
+  give zero advantages. With ``efficiency="success"`` the term counts only at nodes that a
+  successful episode of the group passes through (leaves, or arrives at): reaching a
+  dead end, or a failure, by a shorter path earns nothing (rows arriving elsewhere get 0).
 - ``A = A^E + A_out + λ·A_in`` where A^E is the GRPO episode advantage
   (``episode_norm="mean_std_norm"`` by default; ``"mean_norm"`` or ``"none"``). The
   episode term is on by default so that steps on paths that never merge (where A_out and
@@ -56,6 +58,7 @@ __all__ = ["graphpo", "graphpo_in_edge_advantage", "graphpo_out_edge_advantage"]
 VALUES = ("mc", "bellman")
 LENGTHS = ("steps", "tokens")
 OUT_NORMS = ("mean_std", "mean", "none")
+EFFICIENCIES = ("all", "success")
 
 
 def _mc_values(forest: RolloutForest, nodes: StateNodes) -> torch.Tensor:
@@ -133,6 +136,17 @@ def graphpo_in_edge_advantage(
     return segment_zscore(-path_len, nodes.dst, nodes.num_nodes, norm_by_std=True, eps=eps)
 
 
+def success_nodes(forest: RolloutForest, nodes: StateNodes) -> torch.Tensor:
+    """``[K]`` bool: nodes that a successful episode leaves or arrives at (``success``
+    column of the leaves)."""
+    ep = forest.episodes()
+    on_success = forest.episode_values_to_rows(ep.success.to(torch.float64)) > 0
+    mark = torch.zeros(nodes.num_nodes, dtype=torch.bool)
+    mark[nodes.src[on_success]] = True
+    mark[nodes.dst[on_success]] = True
+    return mark
+
+
 @register_estimator("graphpo")
 def graphpo(
     forest: RolloutForest,
@@ -143,6 +157,7 @@ def graphpo(
     out_norm: str = "mean_std",
     singleton: str = "zero",
     episode_norm: str = "mean_std_norm",
+    efficiency: str = "all",
     gamma: float = 0.95,
     backup: str = "mean",
     tol: float = 1e-6,
@@ -163,6 +178,8 @@ def graphpo(
         singleton: a node left by one row gets ``"zero"`` (default) or its ``"raw"`` A_out.
         episode_norm: episode term A^E: ``"mean_std_norm"`` (default, GRPO),
             ``"mean_norm"`` (Dr.GRPO) or ``"none"`` (edge advantage only).
+        efficiency: where A_in counts: ``"all"`` (default) nodes, or only ``"success"``
+            nodes (a successful episode of the group leaves or reaches them).
         gamma: discount for ``value="bellman"``, default 0.95 (unused by ``"mc"``).
         backup: ``"mean"`` (default) or ``"max"``, for ``value="bellman"``.
         tol: Bellman convergence tolerance, default 1e-6.
@@ -175,6 +192,7 @@ def graphpo(
     check_choice("length", length, LENGTHS)
     check_choice("out_norm", out_norm, OUT_NORMS)
     check_choice("singleton", singleton, ("zero", "raw"))
+    check_choice("efficiency", efficiency, EFFICIENCIES)
     if lam < 0:
         raise ValueError(f"lam must be >= 0, got {lam}")
     a_e = episode_term(forest, episode_norm, eps)
@@ -188,4 +206,6 @@ def graphpo(
         a_out, nodes.src, nodes.num_nodes, norm=out_norm, singleton=singleton, eps=eps
     )
     a_in = graphpo_in_edge_advantage(forest, nodes, length=length, eps=eps)
+    if efficiency == "success":
+        a_in = torch.where(success_nodes(forest, nodes)[nodes.dst], a_in, torch.zeros_like(a_in))
     return (a_e + a_out + lam * a_in).to(torch.float32)
