@@ -183,6 +183,7 @@ def test_bad_arguments() -> None:
     for kw, msg in [
         ({"value": "td"}, "value must be one of"),
         ({"length": "chars"}, "length must be one of"),
+        ({"efficiency": "short"}, "efficiency must be one of"),
         ({"out_norm": "z"}, "out_norm must be one of"),
         ({"singleton": "one"}, "singleton must be one of"),
         ({"lam": -1.0}, "lam must be >= 0"),

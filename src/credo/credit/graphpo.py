@@ -53,7 +53,7 @@ from credo.credit.state_graph import StateNodes, bellman_values, path_prefix_sum
 from credo.data import RolloutForest
 from credo.data.ops import segment_mean, segment_zscore
 
-__all__ = ["graphpo", "graphpo_in_edge_advantage", "graphpo_out_edge_advantage"]
+__all__ = ["graphpo", "graphpo_in_edge_advantage", "graphpo_out_edge_advantage", "success_nodes"]
 
 VALUES = ("mc", "bellman")
 LENGTHS = ("steps", "tokens")
