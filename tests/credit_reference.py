@@ -243,6 +243,7 @@ def graphpo_reference(
     singleton: str = "zero",
     episode_norm: str = "mean_std_norm",
     efficiency: str = "all",
+    revisit: str = "count",
     gamma: float = 0.95,
     backup: str = "mean",
     tol: float = 1e-6,
@@ -274,7 +275,21 @@ def graphpo_reference(
     plen = [0.0] * n
     for i in range(n):  # parents come first
         plen[i] = per_row[i] + (plen[rows.parent[i]] if rows.parent[i] >= 0 else 0.0)
-    a_in = _zscore_by([-x for x in plen], dst, by_std=True, eps=eps)
+    first = list(range(n))
+    if revisit == "skip":  # drop rows re-entering a node their own path (or they) left
+
+        def left_before(i: int) -> set:
+            seen, j = set(), i
+            while j >= 0:
+                seen.add(src[j])
+                j = rows.parent[j]
+            return seen
+
+        first = [i for i in range(n) if dst[i] not in left_before(i)]
+    z = _zscore_by([-plen[i] for i in first], [dst[i] for i in first], by_std=True, eps=eps)
+    a_in = [0.0] * n
+    for k, i in enumerate(first):
+        a_in[i] = z[k]
     if efficiency == "success":
         # nodes a successful episode leaves or reaches
         good = {

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from credit_forests import forests, permute_forest, random_topological_order, relabel_groups
 from credit_reference import graphpo_reference
 from credo.credit import compute_advantages
-from credo.credit.graphpo import graphpo, graphpo_in_edge_advantage
+from credo.credit.graphpo import graphpo, graphpo_in_edge_advantage, revisits
 from credo.credit.state_graph import state_nodes
 from credo.data import RolloutForest
 
@@ -89,6 +89,28 @@ def test_efficiency_only_at_success_nodes() -> None:
     close(efficiency_term(merge_group_success(6), efficiency="success"), [0.0] * 7)
     # no success in the group: no efficiency term at all
     close(efficiency_term(merge_group_success(None), efficiency="success"), [0.0] * 7)
+
+
+def test_revisits_skip_back_tracks() -> None:
+    # E0: s0→s1 (row 0), s1→s2 (1), s2→s1 (2: back to s1, which row 1 left), s1→end(9) (3)
+    # E1: s0→s1 (4), s1→end(8) (5)
+    f = RolloutForest.from_columns(
+        group=[0] * 6,
+        parent=[-1, 0, 1, 2, -1, 4],
+        state=[0, 1, 2, 1, 0, 1],
+        next_state=[1, 2, 1, 9, 1, 8],
+        reward=[0, 0, 0, 1, 0, 0],
+    )
+    nodes = state_nodes(f)
+    assert revisits(f, nodes).tolist() == [False, False, True, False, False, False]
+    # into s1: rows 0, 2, 4 with path lengths 1, 3, 1 → z of (−1, −3, −1): mean −5/3,
+    # unbiased σ = √(4/3) → (+0.57735, −1.1547, +0.57735); every other node is reached once
+    close(graphpo_in_edge_advantage(f, nodes), [0.5773503, 0, -1.1547005, 0, 0.5773503, 0])
+    # skipping the back-track: rows 0 and 4 have equal lengths → 0; row 2 → 0
+    close(graphpo_in_edge_advantage(f, nodes, skip_revisits=True), [0.0] * 6)
+    # a self-loop is a revisit too
+    loop = RolloutForest.from_columns(group=[0], parent=[-1], state=[3], next_state=[3])
+    assert revisits(loop, state_nodes(loop)).tolist() == [True]
 
 
 def tree_group() -> RolloutForest:
@@ -184,6 +206,7 @@ def test_bad_arguments() -> None:
         ({"value": "td"}, "value must be one of"),
         ({"length": "chars"}, "length must be one of"),
         ({"efficiency": "short"}, "efficiency must be one of"),
+        ({"revisit": "drop"}, "revisit must be one of"),
         ({"out_norm": "z"}, "out_norm must be one of"),
         ({"singleton": "one"}, "singleton must be one of"),
         ({"lam": -1.0}, "lam must be >= 0"),
@@ -203,6 +226,8 @@ KNOBS = [
     {"length": "tokens", "episode_norm": "mean_norm", "lam": 0.3},
     {"similarity_threshold": 0.9, "out_norm": "none", "episode_norm": "none"},
     {"efficiency": "success", "out_norm": "mean"},
+    {"efficiency": "success", "out_norm": "mean", "revisit": "skip"},
+    {"revisit": "skip", "length": "tokens"},
 ]
 
 
@@ -250,7 +275,12 @@ def test_equal_rewards(forest: RolloutForest, knobs: dict) -> None:
     lam = knobs.get("lam", 0.5)
     only_in = graphpo(forest, **knobs)
     nodes = state_nodes(forest, similarity_threshold=knobs.get("similarity_threshold"))
-    a_in = graphpo_in_edge_advantage(forest, nodes, length=knobs.get("length", "steps"))
+    a_in = graphpo_in_edge_advantage(
+        forest,
+        nodes,
+        length=knobs.get("length", "steps"),
+        skip_revisits=knobs.get("revisit") == "skip",
+    )
     if knobs.get("efficiency") == "success":  # no episode succeeds here: no term at all
         a_in = torch.zeros_like(a_in)
     assert torch.allclose(only_in, (lam * a_in).float(), atol=1e-6)

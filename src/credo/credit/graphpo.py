@@ -36,6 +36,9 @@ Advantages of a row (edge e = n → n'):
   give zero advantages. With ``efficiency="success"`` the term counts only at nodes that a
   successful episode of the group passes through (leaves, or arrives at): reaching a
   dead end, or a failure, by a shorter path earns nothing (rows arriving elsewhere get 0).
+  With ``revisit="skip"`` a row that re-enters a node its own path already left (a
+  back-track; GraphPO's reasoning DAGs have none) gets A_in = 0 and is left out of the
+  other in-edges' z-score, so a necessary back-track is not scored as a long path.
 - ``A = A^E + A_out + λ·A_in`` where A^E is the GRPO episode advantage
   (``episode_norm="mean_std_norm"`` by default; ``"mean_norm"`` or ``"none"``). The
   episode term is on by default so that steps on paths that never merge (where A_out and
@@ -53,12 +56,19 @@ from credo.credit.state_graph import StateNodes, bellman_values, path_prefix_sum
 from credo.data import RolloutForest
 from credo.data.ops import segment_mean, segment_zscore
 
-__all__ = ["graphpo", "graphpo_in_edge_advantage", "graphpo_out_edge_advantage", "success_nodes"]
+__all__ = [
+    "graphpo",
+    "graphpo_in_edge_advantage",
+    "graphpo_out_edge_advantage",
+    "revisits",
+    "success_nodes",
+]
 
 VALUES = ("mc", "bellman")
 LENGTHS = ("steps", "tokens")
 OUT_NORMS = ("mean_std", "mean", "none")
 EFFICIENCIES = ("all", "success")
+REVISITS = ("count", "skip")
 
 
 def _mc_values(forest: RolloutForest, nodes: StateNodes) -> torch.Tensor:
@@ -113,8 +123,27 @@ def graphpo_out_edge_advantage(
     return q - v[nodes.src]
 
 
+def revisits(forest: RolloutForest, nodes: StateNodes) -> torch.Tensor:
+    """``[N]`` bool: the row arrives at a node its own path already left (a back-track or
+    a self-loop: n' is the ``src`` node of the row itself or of one of its ancestors)."""
+    src, dst, parent = nodes.src, nodes.dst, forest.parent
+    out = src == dst
+    cur = parent.clone()
+    while bool((cur >= 0).any()):  # one sweep per depth level
+        live = cur >= 0
+        at = cur.clamp(min=0)
+        out |= live & (src[at] == dst)
+        cur = torch.where(live, parent[at], cur)
+    return out
+
+
 def graphpo_in_edge_advantage(
-    forest: RolloutForest, nodes: StateNodes, *, length: str = "steps", eps: float = 1e-6
+    forest: RolloutForest,
+    nodes: StateNodes,
+    *,
+    length: str = "steps",
+    skip_revisits: bool = False,
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """In-edge efficiency advantage: z-score of −(path length) among rows arriving at the
     same node → ``[N]`` float64 (0 for a node reached once).
@@ -123,6 +152,8 @@ def graphpo_in_edge_advantage(
         forest: the rollouts.
         nodes: :func:`~credo.credit.state_graph.state_nodes` of ``forest``.
         length: ``"steps"`` (t + 1) or ``"tokens"`` (response tokens from the root).
+        skip_revisits: rows that re-enter a node their path already left
+            (:func:`revisits`) get 0 and are left out of the other rows' z-score.
         eps: added to the unbiased std.
     """
     check_choice("length", length, LENGTHS)
@@ -133,7 +164,14 @@ def graphpo_in_edge_advantage(
             raise ValueError('length="tokens" needs token data (forest.response_ids is empty)')
         tokens = torch.tensor([r.numel() for r in forest.response_ids], dtype=torch.float64)
         path_len = path_prefix_sum(tokens, forest)
-    return segment_zscore(-path_len, nodes.dst, nodes.num_nodes, norm_by_std=True, eps=eps)
+    if not skip_revisits:
+        return segment_zscore(-path_len, nodes.dst, nodes.num_nodes, norm_by_std=True, eps=eps)
+    first = ~revisits(forest, nodes)
+    out = torch.zeros(forest.num_rows, dtype=torch.float64)
+    out[first] = segment_zscore(
+        -path_len[first], nodes.dst[first], nodes.num_nodes, norm_by_std=True, eps=eps
+    )
+    return out
 
 
 def success_nodes(forest: RolloutForest, nodes: StateNodes) -> torch.Tensor:
@@ -158,6 +196,7 @@ def graphpo(
     singleton: str = "zero",
     episode_norm: str = "mean_std_norm",
     efficiency: str = "all",
+    revisit: str = "count",
     gamma: float = 0.95,
     backup: str = "mean",
     tol: float = 1e-6,
@@ -180,6 +219,9 @@ def graphpo(
             ``"mean_norm"`` (Dr.GRPO) or ``"none"`` (edge advantage only).
         efficiency: where A_in counts: ``"all"`` (default) nodes, or only ``"success"``
             nodes (a successful episode of the group leaves or reaches them).
+        revisit: a row that re-enters a node its path already left (back-tracking, a
+            self-loop) is ``"count"``-ed (default) among the node's in-edges, or
+            ``"skip"``-ped: A_in = 0 and left out of the others' z-score.
         gamma: discount for ``value="bellman"``, default 0.95 (unused by ``"mc"``).
         backup: ``"mean"`` (default) or ``"max"``, for ``value="bellman"``.
         tol: Bellman convergence tolerance, default 1e-6.
@@ -193,6 +235,7 @@ def graphpo(
     check_choice("out_norm", out_norm, OUT_NORMS)
     check_choice("singleton", singleton, ("zero", "raw"))
     check_choice("efficiency", efficiency, EFFICIENCIES)
+    check_choice("revisit", revisit, REVISITS)
     if lam < 0:
         raise ValueError(f"lam must be >= 0, got {lam}")
     a_e = episode_term(forest, episode_norm, eps)
@@ -205,7 +248,9 @@ def graphpo(
     a_out = normalise_by_node(
         a_out, nodes.src, nodes.num_nodes, norm=out_norm, singleton=singleton, eps=eps
     )
-    a_in = graphpo_in_edge_advantage(forest, nodes, length=length, eps=eps)
+    a_in = graphpo_in_edge_advantage(
+        forest, nodes, length=length, skip_revisits=revisit == "skip", eps=eps
+    )
     if efficiency == "success":
         a_in = torch.where(success_nodes(forest, nodes)[nodes.dst], a_in, torch.zeros_like(a_in))
     return (a_e + a_out + lam * a_in).to(torch.float32)
