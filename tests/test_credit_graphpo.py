@@ -63,16 +63,8 @@ def test_merge_dag() -> None:
 
 def merge_group_success(winner: int | None) -> RolloutForest:
     """:func:`merge_group` with the episode ending at leaf row ``winner`` a success."""
-    f = merge_group()
-    success = [i == winner for i in range(7)]
-    return RolloutForest.from_columns(
-        group=f.group,
-        parent=f.parent,
-        state=f.state,
-        next_state=f.next_state,
-        reward=f.reward,
-        success=success,
-    )
+    success = torch.tensor([i == winner for i in range(7)])
+    return dataclasses.replace(merge_group(), success=success)
 
 
 def test_efficiency_only_at_success_nodes() -> None:
@@ -227,7 +219,7 @@ KNOBS = [
     {"similarity_threshold": 0.9, "out_norm": "none", "episode_norm": "none"},
     {"efficiency": "success", "out_norm": "mean"},
     {"efficiency": "success", "out_norm": "mean", "revisit": "skip"},
-    {"revisit": "skip", "length": "tokens"},
+    {"revisit": "skip", "lam": 1.0, "value": "bellman"},
 ]
 
 
