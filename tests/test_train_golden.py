@@ -50,7 +50,11 @@ CASES = [(r, r, []) for r in recipe_names() if r != "base" and r not in NEEDS_TE
     (
         "graphpo-estimator-defaults",
         "graphpo",
-        ["credit.params.out_norm=mean_std", "credit.params.efficiency=all"],
+        [
+            "credit.params.out_norm=mean_std",
+            "credit.params.efficiency=all",
+            "credit.params.revisit=count",
+        ],
     ),
     ("klpo-topk", "klpo", ["objective.params={beta: 0.1, kl: topk}", "rollout.topk_logprobs=4"]),
 ]
