@@ -21,9 +21,9 @@ asymmetrically, per episode of T steps:
 - A > 0: unreasonable steps get 0 (``mask_positive``), the others A.
 - A < 0: reasonable steps get 0 (``mask_negative``); with ``spare="progress"`` only the
   reasonable steps that also make progress (d_G falls) get 0, so valid steps that wander
-  or back-track inside a failed episode keep their share of the penalty. The N_u unmasked
-  steps share the
-  penalty A·N_u by *Future-Drift*: drift_t = #{k ∈ t..T−1 : not progress_k},
+  or back-track inside a failed episode keep their share of the penalty. The N_u
+  unmasked steps share the penalty A·N_u by *Future-Drift*:
+  drift_t = #{k ∈ t..T−1 : not progress_k},
   w_t = drift_t / Σ_{unmasked u} drift_u, A_t = A · N_u · w_t, so Σ_t A_t = A·N_u and
   early off-track actions get most of it. When no unmasked step has drift > 0 the
   penalty is spread uniformly (A_t = A). ``redistribute="suffix_length"`` uses
