@@ -290,3 +290,11 @@ def test_singleton_groups_single_steps(forest: RolloutForest, knobs: dict) -> No
         norm, forest.reward / (1 + 1e-6)
     )
     assert torch.allclose(a, expected, atol=1e-5)
+
+
+def test_bad_recipe_value_stops_before_any_compute() -> None:
+    # a wrong value of a known knob fails config validation, one line naming the key
+    from credo.train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"credit\.params: revisit must be one of"):
+        load_config("graphpo", ["credit.params.revisit=drop"])

@@ -52,9 +52,12 @@ def estimator_state_factory(name: str) -> type | None:
 
 
 def validate_estimator(name: str, params: Mapping[str, Any]) -> None:
-    """Check the name and that every key in ``params`` is a parameter of the estimator."""
+    """Check the name, that every key in ``params`` is a parameter of the estimator, and
+    that the estimator accepts their values: it runs once on an empty forest (every
+    estimator checks its choices first), so a wrong value fails before any compute."""
     fn = get_estimator(name)
     check_kwargs("estimator", name, fn, params, reserved=("forest", "state"))
+    fn(RolloutForest.from_columns(group=[], parent=[]), **params)
 
 
 def compute_advantages(
