@@ -97,3 +97,14 @@ def test_the_markdown_table_escapes_the_pipes_of_a_column_name() -> None:
     assert text == "| recipe | \\|A\\| p99 |\n|---|---|\n| grpo | 2.47 |\n"
     for line in text.splitlines():
         assert len(line.replace("\\|", "").strip("|").split("|")) == 2
+
+
+def test_the_teacher_cost_column_shows_only_when_a_recipe_logged_it() -> None:
+    grpo, opd, _ = s = _summaries()
+    relate_to_reference(s, "grpo", smooth=1)
+    cols, _ = summary_table_rows(s)
+    assert "teacher s/iteration" not in cols
+    opd.health["teacher/seconds"] = [1.5, 2.5]  # two seeds' means over their last iterations
+    cols, rows = summary_table_rows(s)
+    assert [dict(zip(cols, r))["teacher s/iteration"] for r in rows] == ["—", "2.00", "—"]
+    assert all(len(r) == len(cols) for r in rows)

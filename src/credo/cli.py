@@ -38,7 +38,8 @@ import yaml
 
 __all__ = ["build_parser", "main"]
 
-_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*=")
+#: ``key.sub=value``, or ``RECIPE:key.sub=value`` (``credo compare``: that recipe only)
+_OVERRIDE = re.compile(r"^(?:[A-Za-z0-9_./\-]+:)?[A-Za-z_][A-Za-z0-9_.\-]*=")
 
 
 class UsageError(ValueError):
@@ -785,6 +786,7 @@ def build_parser() -> argparse.ArgumentParser:
         """
         credo compare --recipes grpo,gigpo --seeds 3 --iterations 50
         credo compare --recipes grpo,gigpo,tsbpo --reference grpo eval.episodes=200
+        credo compare --recipes grpo,opd opd:teacher.path=RUN_DIR   # RECIPE:key=value: that recipe only
         """,
     )
     c.add_argument("--recipes", required=True, help="comma-separated recipe names")

@@ -7,6 +7,9 @@ one run folder per (recipe, seed), ``compare.json``, ``compare.md`` (the table) 
 ``compare.png`` (success vs. env steps for all recipes). Runs already finished are reused,
 and an interrupted one is resumed, so a comparison can be stopped and restarted.
 
+An override ``RECIPE:key=value`` applies to that recipe only (:func:`split_overrides`):
+``opd:teacher.path=RUN`` gives the teacher to ``opd`` without giving one to ``grpo``.
+
 "Env steps to reach the reference" uses the training rollouts' success rate (a moving
 average over ``smooth`` iterations, averaged over seeds) against the reference recipe's
 final value (its mean over the last ``smooth`` iterations): rollouts are sampled as the
@@ -36,7 +39,7 @@ from credo.train.loop import train
 from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table
 
-__all__ = ["RecipeSummary", "compare"]
+__all__ = ["RecipeSummary", "compare", "split_overrides"]
 
 
 @dataclass
@@ -106,6 +109,33 @@ def _mean_curve(curves: list[list[tuple[int, float]]], window: int) -> list[tupl
     return list(zip(xs, _moving(ys, window)))
 
 
+def split_overrides(recipes: Sequence[str], overrides: Sequence[str]) -> dict[str, list[str]]:
+    """Each recipe's overrides: the plain ``key=value`` ones (every recipe) in order, plus
+    the ``RECIPE:key=value`` ones that name it (``RECIPE`` as given in ``recipes``, or
+    its file stem).
+
+    Raises:
+        ConfigError: a scoped override names a recipe that is not compared.
+    """
+    out: dict[str, list[str]] = {r: [] for r in recipes}
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if ":" not in key:
+            for r in recipes:
+                out[r].append(item)
+            continue
+        name, rest = item.split(":", 1)
+        hits = [r for r in recipes if name in (r, Path(r).stem)]
+        if not hits:
+            raise ConfigError(
+                f"override {item!r} is for recipe {name!r}, which is not compared; "
+                f"compared: {', '.join(recipes)} (RECIPE:key=value applies to RECIPE only)"
+            )
+        for r in hits:
+            out[r].append(rest)
+    return out
+
+
 def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
     final_path = run_dir / "final_eval.json"
     if not final_path.exists():
@@ -162,7 +192,8 @@ def compare(
     Args:
         recipes: recipe names (or paths).
         seeds: training seeds.
-        overrides: ``key=value`` overrides applied to every run (same budget for all).
+        overrides: ``key=value`` overrides applied to every run (same budget for all);
+            ``RECIPE:key=value`` to that recipe's runs only (:func:`split_overrides`).
         out_dir: the comparison folder.
         reference: recipe whose final success defines "env steps to reach" (default:
             ``grpo`` if compared, else the first recipe).
@@ -180,6 +211,7 @@ def compare(
             f"--reference {ref_name!r} is not one of the compared recipes: {', '.join(recipes)}"
         )
     out_dir = Path(out_dir)
+    scoped = split_overrides(recipes, overrides or [])
     # every config is loaded (and so checked) before the first run trains
     runs = [
         (seed, recipe, f"{Path(recipe).stem}-seed{seed}") for seed in seeds for recipe in recipes
@@ -188,7 +220,7 @@ def compare(
         load_config(
             recipe,
             [
-                *(overrides or []),
+                *scoped[recipe],
                 f"train.seed={seed}",
                 f"train.runs_dir={out_dir}",
                 f"train.name={name}",
@@ -261,8 +293,9 @@ def _ratio(steps: int | None, ref_steps: int | None) -> float | None:
     return steps / ref_steps if steps is not None and ref_steps else None
 
 
-#: training-health columns: metric → (column, format); each the mean over a run's last
-#: ``smooth`` iterations (how the run ended), then over the seeds ("—" when not logged).
+#: training-health and cost columns: metric → (column, format); each the mean over a run's
+#: last ``smooth`` iterations (how the run ended), then over the seeds ("—" when a recipe
+#: does not log it; a column no recipe logs is left out).
 HEALTH_COLUMNS = {
     "rollout/episode_len": ("episode len", "{:.1f}"),
     "rollout/invalid_rate": ("invalid", "{:.1%}"),
@@ -270,7 +303,13 @@ HEALTH_COLUMNS = {
     "rollout/gen_tokens": ("gen tokens/it", "{:,.0f}"),
     "credit/adv_abs_p99": ("|A| p99", "{:.2f}"),
     "policy/clip_frac": ("clip frac", "{:.3f}"),
+    "teacher/seconds": ("teacher s/iteration", "{:.2f}"),
 }
+
+
+def _health_keys(summaries: list[RecipeSummary]) -> list[str]:
+    """The :data:`HEALTH_COLUMNS` metrics that at least one recipe logged."""
+    return [k for k in HEALTH_COLUMNS if any(s.health.get(k) for s in summaries)]
 
 
 def _health(metrics: list[dict[str, Any]], smooth: int) -> dict[str, float]:
@@ -285,6 +324,7 @@ def _health(metrics: list[dict[str, Any]], smooth: int) -> dict[str, float]:
 
 
 def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
+    health = _health_keys(summaries)
     rows = []
     for s in summaries:
         rows.append(
@@ -301,8 +341,10 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
                 f"{statistics.fmean(s.iteration_s):.2f}",
                 f"{statistics.fmean(s.update_s):.2f}",
                 *(
-                    fmt.format(statistics.fmean(s.health[k])) if s.health.get(k) else "—"
-                    for k, (_, fmt) in HEALTH_COLUMNS.items()
+                    HEALTH_COLUMNS[k][1].format(statistics.fmean(s.health[k]))
+                    if s.health.get(k)
+                    else "—"
+                    for k in health
                 ),
                 *(f"{statistics.fmean(v):.1%}" for v in s.pass_hat_k.values()),
             ]
@@ -332,7 +374,7 @@ def _per_seed_ratios(ratios: list[float | None]) -> str:
 def _columns(summaries: list[RecipeSummary]) -> list[str]:
     """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for."""
     ks = list(summaries[0].pass_hat_k) if summaries else []
-    health = [col for col, _ in HEALTH_COLUMNS.values()]
+    health = [HEALTH_COLUMNS[k][0] for k in _health_keys(summaries)]
     return [*COLUMNS, *health, *(f"held-out pass^{k}" for k in ks)]
 
 

@@ -78,6 +78,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key = key.strip()
         if not key:
             raise ConfigError(f"override {item!r} has an empty key")
+        if ":" in key:
+            raise ConfigError(
+                f"override {item!r}: RECIPE:key=value applies to one recipe of a "
+                f"`credo compare`; here write {key.split(':', 1)[1]}={raw}"
+            )
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
