@@ -100,7 +100,7 @@ def test_the_markdown_table_escapes_the_pipes_of_a_column_name() -> None:
 
 
 def test_the_teacher_cost_column_shows_only_when_a_recipe_logged_it() -> None:
-    grpo, opd, _ = s = _summaries()
+    _, opd, _ = s = _summaries()
     relate_to_reference(s, "grpo", smooth=1)
     cols, _ = summary_table_rows(s)
     assert "teacher s/iteration" not in cols
