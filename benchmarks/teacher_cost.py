@@ -53,10 +53,13 @@ def train(recipe: str, overrides: list[str], folder: Path) -> tuple[list[dict], 
         f"train.runs_dir={folder.parent}",
         f"train.name={folder.name}",
     ]
-    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)
+    log = folder.parent / f"{folder.name}.log"
+    with log.open("w") as out:
+        child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{recipe} failed: {' '.join(argv)}")
+        tail = log.read_text().strip().splitlines()[-1:]
+        raise SystemExit(f"{recipe} failed: {' '.join(argv)}: {' '.join(tail)}")
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "time/iteration_s" in r], usage.ru_maxrss / 2**20
 
@@ -127,6 +130,7 @@ def main() -> None:
             "× grpo",
         ],
         table,
+        width=160,
     )
 
 
