@@ -266,6 +266,25 @@ def test_oprd_rewards_by_hand() -> None:
         combine_teachers(delta, combine="verifier", choice=torch.tensor([2, 0]))
 
 
+def test_the_oprd_recipe_keeps_a_sharp_teachers_shift_below_the_success_reward() -> None:
+    """A sharp RL teacher gives a token it never picks log π^RL ≈ −20: summed and
+    unclipped (the recipe before), one such token made a success's step reward −19.2,
+    far below the success reward of 1 (on the ``shop/multi`` warm start it ranked a
+    success below a failure in 16 of 17 mixed groups). The recipe clips Δ to [−1, 1]
+    and takes the mean over the step's tokens: every step's reward is in [−α, α]."""
+    from credo.train.config import load_config
+
+    o = load_config("oprd").teacher.oprd
+    rl = torch.tensor([[-0.5, -20.5, -0.2]])  # Δ = +0.5, −20, +0.3 against the base
+    base = torch.tensor([[-1.0, -0.5, -0.5]])
+    mask, acc = torch.ones(1, 3, dtype=torch.bool), torch.tensor([True])
+    before = oprd_row_reward(rl, base, mask, acc, alpha=o.alpha, reduce="sum")
+    torch.testing.assert_close(before, torch.tensor([-19.2]))
+    now = oprd_row_reward(rl, base, mask, acc, alpha=o.alpha, clip=o.clip, reduce=o.reduce)
+    torch.testing.assert_close(now, torch.tensor([(0.5 - 1.0 + 0.3) / 3]))
+    assert (o.clip, o.reduce) == (1.0, "mean")
+
+
 def test_verifier_mask_modes() -> None:
     success = torch.tensor([True, True, False, False])
     valid = torch.tensor([True, False, True, False])

@@ -40,7 +40,9 @@ CASES = {
     "opd": ("opd", []),
     "opd-row_reward": ("opd", ["objective.loss=ppo", "objective.params={}", "teacher.route=row_reward", "teacher.full=false"]),
     "opd-token_advantage": ("opd", ["objective.loss=ppo", "objective.params={}", "teacher.route=token_advantage", "teacher.full=false"]),
-    "oprd": ("oprd", []),
+    # the recipe's clip and mean bound a step's shift to [-α, α]; α = 10 lets it outweigh
+    # the RL reward in 4 iterations, so that the test sees the teacher's signal
+    "oprd": ("oprd", ["teacher.oprd.alpha=10"]),
     "mt_sdpo": ("mt_sdpo", ["teacher.sanitiser=drop_final", "teacher.context_cache=0", "objective.params={beta: 1.0, rl_coef: 0.0}"]),
     "renyi_opsd": ("renyi_opsd", []),
 }  # fmt: skip
@@ -172,7 +174,8 @@ def _fixed_rollouts(run: Run, state: TrainState):  # type: ignore[no-untyped-def
 def _distance(run: Run, state: TrainState, rollout, alpha: float) -> float:  # type: ignore[no-untyped-def]
     """How far the student is from its teacher on the fixed rows: the exact mean
     KL(π_θ ‖ target) per response token (target: the teacher in its own context, Rényi:
-    q_α), or for OPRD minus the student's expected teacher shift E_π_θ[Δ]."""
+    q_α), or for OPRD minus the student's expected teacher shift E_π_θ[Δ] (Δ clamped as
+    the run's ``teacher.oprd.clip`` clamps it: the shift the reward pays)."""
     teaching = state.teaching
     assert teaching is not None
     forest = rollout.forest
@@ -186,7 +189,10 @@ def _distance(run: Run, state: TrainState, rollout, alpha: float) -> float:  # t
         base = teaching.base.score(rows, full=True).topk_logprobs
         assert rl is not None and base is not None
         m = tb.response_mask
-        return -float((s[m].exp() * (rl[m] - base[m])).sum(-1).mean())
+        delta = rl[m] - base[m]
+        if teaching.cfg.oprd.clip is not None:
+            delta = delta.clamp(-teaching.cfg.oprd.clip, teaching.cfg.oprd.clip)
+        return -float((s[m].exp() * delta).sum(-1).mean())
     if teaching.cfg.route != "loss":  # reward routes: the teacher's whole distribution
         t = teaching.teacher.score(rows, full=True).topk_logprobs
         assert t is not None
