@@ -100,6 +100,14 @@ def test_warm_start_cache_key_follows_what_the_warm_start_depends_on() -> None:
         "rollout.history_turns=1",
     ):
         assert warm_start_key(load_config("grpo", [change])) != base, change
+    # the privileged-text settings count only when they are on
+    assert warm_start_key(load_config("grpo", ["sft.privileged_share=0.25"])) == base
+    on = warm_start_key(load_config("grpo", ["sft.privileged=oracle"]))
+    assert on != base
+    assert (
+        warm_start_key(load_config("grpo", ["sft.privileged=oracle", "sft.privileged_share=1"]))
+        != on
+    )
 
 
 def test_a_cuda_device_without_cuda_is_refused_at_load() -> None:

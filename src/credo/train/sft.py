@@ -5,6 +5,12 @@ random plausible action) with probability ε, and the oracle then recovers from 
 that led. The policy is trained on *all* demonstrated actions, noise included, so that
 the warm-start policy has the skills but also the noise: it is mediocre, and RL has room
 to remove the noise.
+
+With ``privileged`` (``sft.privileged``: a kind of the env's ``privileged_context``), each
+oracle step also yields a row whose prompt carries the env's privileged text, rendered as
+a teacher's prompt is: a model trained from scratch (the built-in one) never saw such
+text otherwise, so a self-teacher reading it (Rényi OPSD) would be out of its
+distribution.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,10 +48,13 @@ class Demonstrations:
     Attributes:
         episodes: the demonstrated episodes (steps carry prompt and response ids).
         success_rate: how often the noisy demonstrator solved its task.
+        privileged: ``(prompt with the env's privileged text, response)`` of every oracle
+            step whose env offered that text (empty without ``privileged``).
     """
 
     episodes: list[Episode]
     success_rate: float
+    privileged: list[tuple[list[int], list[int]]] = field(default_factory=list)
 
     def rows(self) -> list[tuple[list[int], list[int]]]:
         return [(s.prompt_ids, s.response_ids) for e in self.episodes for s in e.steps]
@@ -60,8 +69,15 @@ def collect_demonstrations(
     seed: int = 0,
     max_turns: int = 64,
     first_task: int = 0,
+    privileged: str | None = None,
+    privileged_prompt: Callable[[str, list[Turn], str, str], list[int]] | None = None,
 ) -> Demonstrations:
     """Roll out the ε-noisy oracle on training tasks ``first_task ..``.
+
+    With ``privileged`` (a kind of ``env.privileged_context``) and ``privileged_prompt``
+    (``(instruction, history, observation, text) → prompt ids``), every step that takes
+    the oracle's action and whose env offers that text also gives a
+    :attr:`Demonstrations.privileged` row.
 
     Every env call is guarded (:mod:`credo.rollout.envguard`, phase ``warm start``): an
     episode whose env raises, hangs past ``rollout.step_timeout`` or returns a
@@ -77,31 +93,41 @@ def collect_demonstrations(
     """
     rng = random.Random(seed)
     out, wins = [], 0
+    extra: list[tuple[list[int], list[int]]] = []
     env = make_env()
     if not hasattr(env, "oracle_action"):
         raise ValueError(
             f"{type(env).__name__} has no oracle_action(): the warm start needs demonstrations "
             "(set sft.enabled=false to train from the model as it is)"
         )
+    if privileged is not None and not hasattr(env, "privileged_context"):
+        raise ValueError(
+            f"sft.privileged={privileged} but {type(env).__name__} has no "
+            "privileged_context(kind): drop sft.privileged or add the method"
+        )
+    teach = (privileged, privileged_prompt) if privileged and privileged_prompt else None
     noisy = epsilon > 0 and hasattr(env, "sample_action")
     first_error: EnvCallError | None = None
     for i in range(episodes):
         task = Task.make("train", first_task + i)
         try:
             with env_phase("warm start"):
-                ep = _demonstrate(env, renderer, task, i, rng, epsilon if noisy else 0.0, max_turns)
+                ep, rows = _demonstrate(
+                    env, renderer, task, i, rng, epsilon if noisy else 0.0, max_turns, teach
+                )
         except EnvCallError as exc:
             first_error = first_error or exc
             env = make_env()
             continue
         wins += ep.success
         out.append(ep)
+        extra += rows
     if not out and first_error is not None:
         raise EnvFailure(
             f"every one of the {episodes} warm-start demonstration episodes failed in the "
             f"env; the first: {first_error.record.line()}"
         )
-    return Demonstrations(out, wins / max(1, episodes))
+    return Demonstrations(out, wins / max(1, episodes), extra)
 
 
 def _demonstrate(
@@ -112,8 +138,10 @@ def _demonstrate(
     rng: random.Random,
     epsilon: float,
     max_turns: int,
-) -> Episode:
-    """One ε-noisy oracle episode of ``task`` in ``env`` (every env call guarded)."""
+    teach: tuple[str, Callable[[str, list[Turn], str, str], list[int]]] | None = None,
+) -> tuple[Episode, list[tuple[list[int], list[int]]]]:
+    """One ε-noisy oracle episode of ``task`` in ``env`` (every env call guarded), and
+    the privileged rows of its oracle steps (``teach``: the kind and the renderer)."""
 
     def reset() -> tuple[str, str]:
         obs = check_observation(env, env.reset(task, 0), "reset")
@@ -122,17 +150,23 @@ def _demonstrate(
     obs, instruction = env_call(reset, task=task.id, turn=0, call="reset")
     history: list[Turn] = []
     ep = Episode(group=group, steps=[], task_id=task.id)
+    rows: list[tuple[list[int], list[int]]] = []
     for turn in range(1, max_turns + 1):
 
-        def act(turn: int = turn, instruction: str = instruction) -> tuple[str, Any, str]:
+        def act(
+            turn: int = turn, instruction: str = instruction
+        ) -> tuple[str, Any, str, str | None]:
             explore = epsilon > 0 and rng.random() < epsilon
+            text = None if teach is None or explore else env.privileged_context(teach[0])
             action = env.sample_action(rng) if explore else env.oracle_action()
             tr = step_env(env, action)
             check_step_result(env, tr.result, task=task.id, turn=turn)
-            return action, tr, read_instruction(env, instruction)
+            return action, tr, read_instruction(env, instruction), text
 
         prompt = renderer.prompt_ids(instruction, history, obs)
-        action, tr, next_instruction = env_call(act, task=task.id, turn=turn, call="step")
+        action, tr, next_instruction, text = env_call(act, task=task.id, turn=turn, call="step")
+        if text and teach is not None:
+            rows.append((teach[1](instruction, list(history), obs, text), renderer.response_ids(action)))
         res = tr.result
         ep.steps.append(
             Step(
@@ -154,7 +188,7 @@ def _demonstrate(
         if res.done:
             ep.success = bool(res.info.get("success", False))
             break
-    return ep
+    return ep, rows
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import time
 from collections.abc import Callable
@@ -25,11 +26,13 @@ from credo.eval.evaluate import EvalResult
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import merge_lora
 from credo.rollout.envguard import DEFAULT_STEP_TIMEOUT
+from credo.rollout.render import Turn
+from credo.teachers import privileged_prompt_ids
 from credo.train import distributed as dp
 from credo.train.config import Config, config_hash
 from credo.train.progress import Progress
 from credo.train.run import Run, add_adapters, max_new_tokens
-from credo.train.sft import collect_demonstrations, sft_train
+from credo.train.sft import Demonstrations, collect_demonstrations, sft_train
 from credo.utils.atomic import temp_path, write_text_atomic
 from credo.utils.cache import cache_dir
 
@@ -55,6 +58,11 @@ class WarmStart:
     path: Path
 
 
+#: SFT settings outside the warm-start key: the cache switch, and the privileged-text
+#: settings while ``sft.privileged`` is off (keys of earlier warm starts stay valid).
+_SFT_KEY_SKIP = ("cache",)
+
+
 def warm_start_key(cfg: Config) -> str:
     """Hash of everything the warm start depends on, the code included. Model and prompt
     settings enter only when they differ from their defaults (the built-in model's keys
@@ -69,7 +77,12 @@ def warm_start_key(cfg: Config) -> str:
     key: dict[str, Any] = {
         "env": asdict(cfg.env),
         "model": model,
-        "sft": {k: v for k, v in asdict(cfg.sft).items() if k != "cache"},
+        "sft": {
+            k: v
+            for k, v in asdict(cfg.sft).items()
+            if k not in _SFT_KEY_SKIP
+            and not (cfg.sft.privileged is None and k in ("privileged", "privileged_share"))
+        },
         "history_turns": cfg.rollout.history_turns,
         "seed": cfg.train.seed,
         "code": _code_fingerprint(cfg),
@@ -149,9 +162,21 @@ def warm_start(
     policy = add_adapters(cfg, policy)
     sft = cfg.sft
     start = time.perf_counter()
+    teach: dict[str, Any] = {}
+    if sft.privileged is not None:  # rows whose prompt carries the env's privileged text
+        t = cfg.teacher
+
+        def render(instruction: str, history: list[Turn], obs: str, text: str) -> list[int]:
+            return privileged_prompt_ids(
+                run.renderer, instruction, history, obs, text,
+                placement=t.placement, template=t.template,
+            )  # fmt: skip
+
+        teach = {"privileged": sft.privileged, "privileged_prompt": render}
     clean = collect_demonstrations(
-        run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0, seed=cfg.train.seed
-    )
+        run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0, seed=cfg.train.seed,
+        **teach,
+    )  # fmt: skip
     noisy = collect_demonstrations(
         run.make_env,
         run.renderer,
@@ -159,6 +184,7 @@ def warm_start(
         epsilon=sft.epsilon,
         seed=cfg.train.seed + 1,
         first_task=sft.episodes,
+        **teach,
     )
     torch.manual_seed(cfg.train.seed)
     total = sft.steps + sft.noisy_steps
@@ -169,9 +195,9 @@ def warm_start(
         )
 
     for rows, steps, lr, seed, name, offset, warmup in (
-        (clean.rows(), sft.steps, sft.lr, cfg.train.seed, "clean demos", 0, None),
+        (_with_privileged(clean, sft), sft.steps, sft.lr, cfg.train.seed, "clean demos", 0, None),
         (
-            noisy.rows(),
+            _with_privileged(noisy, sft),
             sft.noisy_steps,
             sft.noisy_lr,
             cfg.train.seed + 1,
@@ -201,6 +227,16 @@ def warm_start(
             {"demo_success": noisy.success_rate, "seconds": seconds, "config": asdict(sft)},
         )
     return policy, WarmStart(key, False, noisy.success_rate, seconds, folder / "policy")
+
+
+def _with_privileged(demos: Demonstrations, sft: Any) -> list[tuple[list[int], list[int]]]:
+    """The demonstrations' rows, plus a ``sft.privileged_share`` of their privileged rows
+    (drawn with a fixed seed)."""
+    rows = demos.rows()
+    if not demos.privileged:
+        return rows
+    rng = random.Random(len(rows))
+    return rows + [r for r in demos.privileged if rng.random() < sft.privileged_share]
 
 
 def _store(policy: HFPolicy, folder: Path, meta: dict[str, Any]) -> None:

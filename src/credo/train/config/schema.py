@@ -380,6 +380,14 @@ class SFTConfig:
             was unstable: loss spikes undid skills it had learned, and whether the
             warm start could click the in-budget item depended on the seed.
         noisy_lr: learning rate of the noisy phase (default 1e-3).
+        privileged: also teach the model to read the env's privileged text (a kind its
+            ``privileged_context`` offers, e.g. ``oracle``; default ``None``): oracle steps
+            also give rows whose prompt carries that text, rendered as the teacher's
+            prompts are (``teacher.placement``, ``teacher.template``). A self-teacher
+            (``teacher.kind: self``) needs it on a model trained from scratch, which
+            otherwise never saw such text (docs/algorithms.md#rényi-opsd).
+        privileged_share: the share of those rows added to each phase's rows (default
+            0.5; in (0, 1]).
         cache: reuse a warm start with the same config hash from the cache folder
             (``$CREDO_CACHE`` or ``~/.cache/credo``; default true).
     """
@@ -393,6 +401,8 @@ class SFTConfig:
     batch_size: int = 32
     lr: float = 1e-3
     noisy_lr: float = 1e-3
+    privileged: str | None = None
+    privileged_share: float = 0.5
     cache: bool = True
 
 
