@@ -56,6 +56,8 @@ CASES = [(r, r, []) for r in recipe_names() if r != "base" and r not in NEEDS_TE
             "credit.params.revisit=count",
         ],
     ),
+    # the warm start before the recipe also taught the model to read privileged text
+    ("renyi_opsd-plain-warmstart", "renyi_opsd", ["sft.privileged=null"]),
     ("klpo-topk", "klpo", ["objective.params={beta: 0.1, kl: topk}", "rollout.topk_logprobs=4"]),
 ]
 
