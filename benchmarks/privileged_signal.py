@@ -1,0 +1,103 @@
+"""Can a self-teacher read its privileged text? A diagnostic of a recipe's warm start.
+
+Rényi OPSD and MT-SDPO distil the student toward *itself* reading text the student does
+not see (``teacher.privileged``: the env's ``oracle`` next action, or an ``anchor``: a
+verified episode of the same task). That teacher is only worth following if the text
+moves its predictions the right way. This script builds the recipe's run (its warm
+start: cached, or trained), samples one iteration of rollouts, has the recipe's teacher
+score the student's tokens in its privileged context, and prints the mean log-probability
+of each action (summed over its tokens) under the student and under the teacher, for:
+
+- the actions equal to the privileged text (``oracle``: the right action) and the others;
+- valid and invalid actions.
+
+A teacher that reads the text gives the right actions more probability than the student
+and the wrong ones less; one that is thrown off by it gives every action less.
+
+    python benchmarks/privileged_signal.py --recipe renyi_opsd
+    python benchmarks/privileged_signal.py --recipe renyi_opsd sft.privileged=null
+    python benchmarks/privileged_signal.py --recipe mt_sdpo --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import _common  # noqa: F401  (puts the repository root on sys.path)
+import torch
+from _common import print_table
+
+from credo.train.config import load_config
+from credo.train.iteration import split_oracle
+from credo.train.progress import Progress
+from credo.train.run import build_run
+from credo.train.state import TrainState
+from credo.train.warmstart import start_policy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", default="renyi_opsd")
+    ap.add_argument("--difficulty", default="multi", help="shop difficulty (default multi)")
+    ap.add_argument("--seed", type=int, default=0, help="training seed (its warm start)")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides")
+    args = ap.parse_intermixed_args()
+    cfg = load_config(
+        args.recipe,
+        [f"env.kwargs.difficulty={args.difficulty}", "train.threads=1",
+         f"train.seed={args.seed}", *args.overrides],
+    )  # fmt: skip
+    if cfg.teacher.privileged is None:
+        raise SystemExit(f"recipe {args.recipe}: its teacher reads no privileged text")
+    run = build_run(cfg)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            progress = Progress(enabled=False)
+            policy, _ = start_policy(run, Path(tmp), resuming=False, progress=progress)
+            state = TrainState.start(run, Path(tmp), policy, None)
+            assert state.teaching is not None
+            rollout = run.rollouts(
+                state.policy,
+                state.tasks.draw(0, args.seed),
+                generator=torch.Generator().manual_seed(args.seed),
+                choice_seed=args.seed,
+                state=state.sampler_state,
+            )
+            forest, _ = split_oracle(rollout.forest)
+            lesson = state.teaching.lesson(
+                run.renderer, forest, rollout.episodes, state.policy.pad_id
+            )
+            batch = forest.to_batch(torch.zeros(forest.num_rows), pad_id=state.policy.pad_id)
+    finally:
+        run.close()
+    mask = batch.response_mask & lesson.row_mask[:, None]
+    student = (batch.old_logprobs * mask).sum(1)
+    teacher = (lesson.scores.logprobs * mask).sum(1)
+    has = lesson.row_mask
+    texts = forest.texts.get(cfg.teacher.privileged)
+    groups = [("every action with a text", has)]
+    if texts is not None:
+        same = torch.tensor(
+            [bool(t) and a.strip() == t.strip() for a, t in zip(forest.actions, texts)]
+        )
+        groups += [("= the privileged text", has & same), ("≠ the privileged text", has & ~same)]
+    valid = forest.valid.bool()
+    groups += [("valid", has & valid), ("invalid", has & ~valid)]
+    table = [
+        [name, int(m.sum()), f"{student[m].mean():+.3f}", f"{teacher[m].mean():+.3f}"]
+        for name, m in groups
+        if bool(m.any())
+    ]
+    print_table(
+        f"log p(action): student vs its teacher reading {cfg.teacher.privileged!r} "
+        f"({args.recipe}, shop/{args.difficulty}, seed {args.seed}, warm start)",
+        ["actions", "rows", "student", "teacher (privileged)"],
+        table,
+        width=140,
+    )
+
+
+if __name__ == "__main__":
+    main()
