@@ -165,7 +165,8 @@ def _demonstrate(
 
         prompt = renderer.prompt_ids(instruction, history, obs)
         action, tr, next_instruction, text = env_call(act, task=task.id, turn=turn, call="step")
-        if text and teach is not None:
+        if text:  # only with teach, on an oracle step
+            assert teach is not None
             rows.append(
                 (teach[1](instruction, list(history), obs, text), renderer.response_ids(action))
             )

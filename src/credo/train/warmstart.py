@@ -58,11 +58,6 @@ class WarmStart:
     path: Path
 
 
-#: SFT settings outside the warm-start key: the cache switch, and the privileged-text
-#: settings while ``sft.privileged`` is off (keys of earlier warm starts stay valid).
-_SFT_KEY_SKIP = ("cache",)
-
-
 def warm_start_key(cfg: Config) -> str:
     """Hash of everything the warm start depends on, the code included. Model and prompt
     settings enter only when they differ from their defaults (the built-in model's keys
@@ -74,15 +69,13 @@ def warm_start_key(cfg: Config) -> str:
         model["dtype"] = cfg.model.dtype
     if cfg.model.mixed_precision is not None:
         model["mixed_precision"] = cfg.model.mixed_precision
+    # SFT settings outside the key: the cache switch, and the privileged-text settings
+    # while sft.privileged is off (keys of earlier warm starts stay valid)
+    skip = {"cache"} | ({"privileged", "privileged_share"} if cfg.sft.privileged is None else set())
     key: dict[str, Any] = {
         "env": asdict(cfg.env),
         "model": model,
-        "sft": {
-            k: v
-            for k, v in asdict(cfg.sft).items()
-            if k not in _SFT_KEY_SKIP
-            and not (cfg.sft.privileged is None and k in ("privileged", "privileged_share"))
-        },
+        "sft": {k: v for k, v in asdict(cfg.sft).items() if k not in skip},
         "history_turns": cfg.rollout.history_turns,
         "seed": cfg.train.seed,
         "code": _code_fingerprint(cfg),
