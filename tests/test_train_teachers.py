@@ -104,6 +104,9 @@ def test_teacher_section_checks() -> None:
     assert "teacher.oprd.combine must be one of mean, verifier" in err(
         "oprd", "teacher.path=/x", "teacher.oprd.combine=vote"
     )
+    assert "teacher.oprd.episode_reduce must be one of sum, mean" in err(
+        "oprd", "teacher.path=/x", "teacher.oprd.episode_reduce=max"
+    )
     assert "set teacher.route=oprd" in err(
         "opd", "teacher.path=/x", "teacher.oprd.teachers=[{path: /y}]"
     )
@@ -286,25 +289,27 @@ def test_resume_with_an_ema_teacher_is_exact(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------- routes on a hand-made forest
-def _hand_forest(student):  # type: ignore[no-untyped-def]
-    """Two episodes of group 0 (the first succeeds), two steps each, rendered as the
-    sampler renders them, with the goal and an oracle hint recorded per step."""
+_TWO_BY_TWO = ((["guess[4]", "guess[2]"], True), (["guess[5]", "guess[7]"], False))
+
+
+def _hand_forest(student, episodes=_TWO_BY_TWO):  # type: ignore[no-untyped-def]
+    """Episodes of group 0 (default: two of two steps, the first succeeds), rendered as
+    the sampler renders them, with the goal and an oracle hint recorded per step."""
     from credo.data import ForestBuilder, Step
     from credo.rollout.render import PlainRenderer, Turn
 
     renderer = PlainRenderer(student.tokenizer)
     builder = ForestBuilder()
     gen = torch.Generator().manual_seed(0)
-    for e, (actions, success) in enumerate(
-        ((["guess[4]", "guess[2]"], True), (["guess[5]", "guess[7]"], False))
-    ):
+    for e, (actions, success) in enumerate(episodes):
         parent, history = -1, []
+        last = len(actions) - 1
         for t, action in enumerate(actions):
             obs = f"the secret is from 1 to {8 - t}"
             prompt = renderer.prompt_ids("guess the secret number", history, obs)
             response = renderer.response_ids(action)
             step = Step(
-                obs, action, reward=float(success and t == 1), terminal=t == 1,
+                obs, action, reward=float(success and t == last), terminal=t == last,
                 prompt_ids=prompt, response_ids=response,
                 logprobs=(-torch.rand(len(response), generator=gen) - 0.1).tolist(),
                 texts={"instruction": "guess the secret number", "oracle": "" if e else "guess[3]"},
@@ -391,6 +396,38 @@ def test_reward_and_advantage_routes_by_hand() -> None:
             assert 0 < int(first.sum()) < 4  # the hand forest exercises both choices
             want = 2.0 * torch.where(first, delta, delta2) * accepted
         torch.testing.assert_close(lesson.row_reward, want)
+
+
+def test_oprd_episode_mean_makes_the_teacher_reward_independent_of_length() -> None:
+    """``teacher.oprd.episode_reduce: mean`` divides each step's reward by its episode's
+    step count: a 3-step success and a 1-step success each get the mean of their steps'
+    shifts, where ``sum`` pays the longer one for its length."""
+    from credo.teachers import PolicyTeacher
+    from credo.train.config import OPRDConfig, TeacherConfig
+    from credo.train.teaching import Teaching
+
+    student, teacher, base = _guess_policy(0), PolicyTeacher(_guess_policy(1)), _guess_policy(2)
+    episodes = ((["guess[4]", "guess[6]", "guess[2]"], True), (["guess[5]"], True))
+    forest, renderer = _hand_forest(student, episodes)
+    tb = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
+    rows = TeacherRows.from_batch(tb)
+    m = tb.response_mask
+    delta = torch.where(
+        m, teacher.score(rows).logprobs - PolicyTeacher(base).score(rows).logprobs, 0.0
+    ).sum(1)
+
+    def reward(episode_reduce: str) -> torch.Tensor:
+        o = OPRDConfig(alpha=2.0, accept="success", episode_reduce=episode_reduce)
+        cfg = TeacherConfig(kind="run", route="oprd", oprd=o)
+        teaching = Teaching(cfg, teacher, base=PolicyTeacher(base))
+        return teaching.lesson(renderer, forest, [], student.pad_id).row_reward
+
+    torch.testing.assert_close(reward("sum"), 2.0 * delta)
+    want = 2.0 * delta / torch.tensor([3.0, 3.0, 3.0, 1.0])
+    torch.testing.assert_close(reward("mean"), want)
+    # per episode: the sum of its rows' rewards is α times the mean of its steps' shifts
+    ep_total = torch.stack([reward("mean")[:3].sum(), reward("mean")[3]])
+    torch.testing.assert_close(ep_total, torch.stack([2.0 * delta[:3].mean(), 2.0 * delta[3]]))
 
 
 def test_loss_route_with_privileged_prompts() -> None:

@@ -345,7 +345,8 @@ class Teaching:
         cost: TeacherCost,
     ) -> torch.Tensor:
         """OPRD's per-step reward ``α·Σ_t Δ_t`` (or the mean) on accepted rows, with
-        several teachers combined per sample (``teacher.oprd.combine``)."""
+        several teachers combined per sample (``teacher.oprd.combine``), divided by the
+        episode's step count under ``teacher.oprd.episode_reduce: mean``."""
         assert self.base is not None
         o = self.cfg.oprd
         scored = [self.base.score(rows)]
@@ -367,10 +368,14 @@ class Teaching:
         n_tok = mask.sum().clamp(min=1)
         lesson.metrics["teacher/shift"] = float(delta.sum() / n_tok)
         lesson.metrics["teacher/accepted_frac"] = float(accepted.float().mean()) if len(tb) else 0.0
-        return oprd_row_reward(
+        reward = oprd_row_reward(
             rl_lp, base_lp, mask, accepted,
             reduce=o.reduce, alpha=o.alpha, clip=o.clip, combine=o.combine, choice=choice,
         )  # fmt: skip
+        if o.episode_reduce == "mean":  # a row shared by several episodes: their mean length
+            steps = forest.episode_values_to_rows(ep.length.to(torch.float64))
+            reward = reward / steps.clamp(min=1).to(reward.dtype)
+        return reward
 
     @torch.no_grad()
     def _reference_head(self, tb: TokenBatch, ids: torch.Tensor, cost: TeacherCost) -> torch.Tensor:

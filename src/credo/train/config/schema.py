@@ -468,6 +468,10 @@ class OPRDConfig:
             no clamp).
         reduce: how a row's token rewards become its step reward: ``sum`` (default) or
             ``mean``.
+        episode_reduce: how the step rewards add up over an episode: ``sum`` (default:
+            every step keeps its reward, so an episode's teacher reward grows with its
+            length) or ``mean`` (each step's reward divided by its episode's step count:
+            an episode's teacher reward is the mean over its steps, whatever its length).
         teachers: more OPRD teachers beside ``teacher.path``, each a mapping ``{path:
             RUN, base_path: FOLDER}`` (``base_path`` optional: ``<path>/reference``);
             every teacher scores every sample (default ``[]``: one teacher).
@@ -481,6 +485,7 @@ class OPRDConfig:
     accept: str = "success"
     clip: float | None = None
     reduce: str = "sum"
+    episode_reduce: str = "sum"
     teachers: list[dict[str, Any]] = field(default_factory=list)
     combine: str = "mean"
 

@@ -479,6 +479,7 @@ def _teacher(cfg: Config) -> None:
     _choice("teacher.reward_reduce", t.reward_reduce, ("sum", "mean"))
     _choice("teacher.oprd.accept", t.oprd.accept, VERIFIER_MODES)
     _choice("teacher.oprd.reduce", t.oprd.reduce, ("sum", "mean"))
+    _choice("teacher.oprd.episode_reduce", t.oprd.episode_reduce, ("sum", "mean"))
     _choice("teacher.oprd.combine", t.oprd.combine, COMBINE_MODES)
     if t.oprd.teachers and t.route != "oprd":
         raise ConfigError("teacher.oprd.teachers are OPRD teachers: set teacher.route=oprd")
