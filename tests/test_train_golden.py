@@ -8,6 +8,14 @@ refactors. Metrics added later are allowed; every stored one must keep its value
 run has signal: the warm start solves some tasks and not others, so
 advantages, gradients and weights move (asserted below).
 
+Each case's reference records the CPU it was written on (:func:`_cpu`). On that CPU the
+values must agree to float32 rounding (relative 1e-4); on another, whose kernels (AVX2 or
+AVX-512, MKL's code paths) round differently and whose differences compound through the
+warm start's SFT, to 5 % (absolute 1e-3 for the near-zero noise metrics such as
+``policy/ratio_std``). Measured between an AMD EPYC (AVX-512) and the CPU that wrote the
+references: at most 1.5 % (``teacher/sampled_kl`` of ``renyi_opsd``), 3e-4 absolute on
+``policy/ratio_std``. A change of behaviour moves the metrics by far more.
+
 A deliberate change of behaviour regenerates the reference:
 ``CREDO_UPDATE_GOLDEN=1 python -m pytest tests/test_train_golden.py`` — say why in the
 commit.
@@ -18,10 +26,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from credo.train.config import load_config, recipe_names
 from credo.train.loop import train
@@ -73,21 +83,34 @@ def _run(case: str, recipe: str, extra: list[str], tmp: Path) -> dict:
         "metrics": _stable(res.metrics),
         "warm": res.warm.success_rate if res.warm else None,
         "final": res.final.success_rate if res.final else None,
+        "cpu": _cpu(),
     }
 
 
-def _close(a: object, b: object) -> bool:
+def _close(a: object, b: object, rel: float, abs_: float) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return (
             isinstance(a, (int, float))
             and isinstance(b, (int, float))
-            and math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6)
+            and math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
         )
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_close(a[k], b[k], rel, abs_) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_close(x, y, rel, abs_) for x, y in zip(a, b))
     return a == b
+
+
+def _cpu() -> str:
+    """The CPU model and the kernels torch uses on it (``AVX2``, ``AVX512``, ...)."""
+    name = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{platform.machine()} {name} {torch.backends.cpu.get_cpu_capability()}"
 
 
 @pytest.mark.slow
@@ -108,9 +131,11 @@ def test_metrics_match_the_stored_reference(
     assert any(r.get("credit/adv_abs_max", 0) > 0 for r in got["metrics"])
     assert any(r.get("policy/grad_norm", 0) > 0 for r in got["metrics"])
     assert 0 < got["warm"] < 1
+    same_cpu = expected.get("cpu") == got["cpu"]
+    rel, abs_ = (1e-4, 1e-6) if same_cpu else (5e-2, 1e-3)
     for i, (g, e) in enumerate(zip(got["metrics"], expected["metrics"])):
         # every stored metric is there with its stored value; metrics added since are free
-        diff = sorted(k for k in e if not _close(g.get(k), e[k]))
+        diff = sorted(k for k in e if not _close(g.get(k), e[k], rel, abs_))
         assert not diff, f"iteration {i}: {[(k, e.get(k), g.get(k)) for k in diff]}"
     assert len(got["metrics"]) == len(expected["metrics"])
     assert got["warm"] == expected["warm"] and got["final"] == expected["final"]
