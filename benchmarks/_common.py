@@ -38,3 +38,22 @@ def warm_policy(cfg: Any, path: str | None = None) -> tuple[Any, Any]:
     run = build_run(cfg)
     policy, _ = warm_start(run)
     return run, policy
+
+
+def sample_first_iteration(run: Any, state: Any, seed: int) -> tuple[Any, Any]:
+    """``(rollout, forest)``: iteration 0's tasks of ``state`` sampled with ``state``'s
+    policy and sampler state under ``seed``, as the trainer would; ``forest`` without
+    the oracle-continuation rows (SERO's), the forest credit assignment sees."""
+    import torch
+
+    from credo.train.iteration import split_oracle
+
+    rollout = run.rollouts(
+        state.policy,
+        state.tasks.draw(0, seed),
+        generator=torch.Generator().manual_seed(seed),
+        choice_seed=seed,
+        state=state.sampler_state,
+    )
+    forest, _ = split_oracle(rollout.forest)
+    return rollout, forest

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
 import torch
-from _common import print_table
+from _common import print_table, sample_first_iteration
 
 from credo.train.config import load_config
-from credo.train.iteration import split_oracle
 from credo.train.progress import Progress
 from credo.train.run import build_run
 from credo.train.state import TrainState
@@ -58,14 +57,7 @@ def main() -> None:
             policy, _ = start_policy(run, Path(tmp), resuming=False, progress=progress)
             state = TrainState.start(run, Path(tmp), policy, None)
             assert state.teaching is not None
-            rollout = run.rollouts(
-                state.policy,
-                state.tasks.draw(0, args.seed),
-                generator=torch.Generator().manual_seed(args.seed),
-                choice_seed=args.seed,
-                state=state.sampler_state,
-            )
-            forest, _ = split_oracle(rollout.forest)
+            rollout, forest = sample_first_iteration(run, state, args.seed)
             lesson = state.teaching.lesson(
                 run.renderer, forest, rollout.episodes, state.policy.pad_id
             )

@@ -31,10 +31,9 @@ import _common  # noqa: F401  (puts the repository root on sys.path)
 import numpy as np
 import torch
 import yaml
-from _common import print_table
+from _common import print_table, sample_first_iteration
 
 from credo.train.config import Config, apply_overrides
-from credo.train.iteration import split_oracle
 from credo.train.run import build_run
 from credo.train.state import TrainState
 from credo.train.update import UpdateContext, kl_reward_penalty_rows
@@ -70,15 +69,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         state = TrainState.start(run, Path(tmp), run.policy, None)
         state.policy.load_weights(args.run_dir / args.policy)
-        tasks = state.tasks.draw(0, args.seed)
-        rollout = run.rollouts(
-            state.policy,
-            tasks,
-            generator=torch.Generator().manual_seed(args.seed),
-            choice_seed=args.seed,
-            state=state.sampler_state,
-        )
-        forest, _ = split_oracle(rollout.forest)
+        rollout, forest = sample_first_iteration(run, state, args.seed)
         update = UpdateContext(state.policy, state.optimizer, cfg, state.reference)
         kl = torch.zeros_like(forest.reward)
         if cfg.objective.kl_reward_coef > 0:
