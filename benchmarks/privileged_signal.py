@@ -17,6 +17,7 @@ and the wrong ones less; one that is thrown off by it gives every action less.
     python benchmarks/privileged_signal.py --recipe renyi_opsd
     python benchmarks/privileged_signal.py --recipe renyi_opsd sft.privileged=null
     python benchmarks/privileged_signal.py --recipe mt_sdpo --seed 1
+    python benchmarks/privileged_signal.py --recipe renyi_opsd --policy RUN/checkpoints/step_26/policy
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def main() -> None:
     ap.add_argument("--recipe", default="renyi_opsd")
     ap.add_argument("--difficulty", default="multi", help="shop difficulty (default multi)")
     ap.add_argument("--seed", type=int, default=0, help="training seed (its warm start)")
+    ap.add_argument(
+        "--policy",
+        help="a policy folder of a run of this recipe (a checkpoint's policy, a final_policy)"
+        " to measure instead of the warm start; the reference stays the warm start",
+    )
     ap.add_argument("overrides", nargs="*", help="key=value overrides")
     args = ap.parse_intermixed_args()
     cfg = load_config(
@@ -57,6 +63,8 @@ def main() -> None:
             policy, _ = start_policy(run, Path(tmp), resuming=False, progress=progress)
             state = TrainState.start(run, Path(tmp), policy, None)
             assert state.teaching is not None
+            if args.policy:  # a self-teacher is the student's own weights: both load them
+                state.policy.load_weights(args.policy)
             rollout, forest = sample_first_iteration(run, state, args.seed)
             lesson = state.teaching.lesson(
                 run.renderer, forest, rollout.episodes, state.policy.pad_id
@@ -84,7 +92,7 @@ def main() -> None:
     ]
     print_table(
         f"log p(action): student vs its teacher reading {cfg.teacher.privileged!r} "
-        f"({args.recipe}, shop/{args.difficulty}, seed {args.seed}, warm start)",
+        f"({args.recipe}, shop/{args.difficulty}, seed {args.seed}, {args.policy or 'warm start'})",
         ["actions", "rows", "student", "teacher (privileged)"],
         table,
         width=140,
