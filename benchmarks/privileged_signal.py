@@ -56,6 +56,12 @@ def main() -> None:
     )  # fmt: skip
     if cfg.teacher.privileged is None:
         raise SystemExit(f"recipe {args.recipe}: its teacher reads no privileged text")
+    if args.policy and cfg.teacher.kind != "self":
+        raise SystemExit(
+            f"--policy needs a self-teacher (teacher.kind=self, e.g. renyi_opsd); recipe "
+            f"{args.recipe}'s teacher is {cfg.teacher.kind!r}, which a student checkpoint "
+            "does not carry"
+        )
     run = build_run(cfg)
     try:
         with tempfile.TemporaryDirectory() as tmp:
