@@ -59,3 +59,23 @@ def test_scoped_teacher_settings_load_for_their_recipe_and_leave_grpo_alone(tmp_
     scoped = split_overrides(["grpo", "opd"], ["opd:teacher.path=" + str(tmp_path)])
     assert load_config("grpo", scoped["grpo"]).teacher.path is None
     assert load_config("opd", scoped["opd"]).teacher.path == str(tmp_path)
+
+
+def test_recipes_on_different_envs_are_refused_before_any_run(tmp_path) -> None:
+    """``rapo`` names its own env (``tools`` with profiles); compared with ``grpo`` (on
+    ``shop``) without one env for both, the two success rates would not compare."""
+    from credo.train.compare import compare
+
+    out = tmp_path / "cmp"
+    with pytest.raises(
+        ConfigError,
+        match=r"different envs \(grpo on shop \{\}, rapo on tools \{'profiles': True\}\): "
+        r"set one env for all with --env NAME and env.kwargs=",
+    ):
+        compare(["grpo", "rapo"], [0], out_dir=out)
+    assert not out.exists()
+    with pytest.raises(ConfigError, match=r"different envs \(grpo on tools \{\}, rapo on tools"):
+        compare(["grpo", "rapo"], [0], overrides=["env.name=tools"], out_dir=out)
+    # one env for all: the configs load (checked here without training)
+    same = ["env.name=tools", "env.kwargs={profiles: true}"]
+    assert load_config("grpo", same).env == load_config("rapo", same).env

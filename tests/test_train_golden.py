@@ -42,7 +42,7 @@ from small_run import SMALL as SMALL_RUN
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 GOLDEN = Path(__file__).parent / "data" / "golden_metrics.json"
-VOLATILE = ("time/", "perf/", "teacher/seconds")  # wall-clock measurements
+VOLATILE = ("time/", "perf/", "teacher/seconds", "rapo/seconds")  # wall-clock measurements
 
 SMALL = [*SMALL_RUN, "train.iterations=3", "train.checkpoint_every=2"]
 
@@ -50,9 +50,13 @@ SMALL = [*SMALL_RUN, "train.iterations=3", "train.checkpoint_every=2"]
 #: run end to end, with a teacher made in the test, in tests/test_train_teachers.py.
 NEEDS_TEACHER_FOLDER = {r for r in recipe_names() if load_config(r).teacher.kind in ("run", "hf")}
 
-#: Overrides a recipe needs on the small run's env (``GuessEnv`` has no ``similar_task``,
-#: so RODS's buffer runs without spawning variants there).
-RECIPE_NEEDS = {"rods": ["tasks.params.spawn=0"]}
+#: Overrides a recipe needs on the small run's env: ``GuessEnv`` has no ``similar_task``,
+#: so RODS's buffer runs without spawning variants there, and no profiles, so RAPO runs on
+#: ``PickEnv`` (name the profile's colour).
+RECIPE_NEEDS = {
+    "rods": ["tasks.params.spawn=0"],
+    "rapo": ["env.name=examples.desk_envs:PickEnv", "env.kwargs={}", "rollout.max_new_tokens=2", "sft.steps=15"],
+}
 
 #: (case name, recipe, extra overrides): every recipe, plus code paths the recipes skip.
 CASES = [

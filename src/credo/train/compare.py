@@ -228,6 +228,7 @@ def compare(
         )
         for seed, recipe, name in runs
     ]
+    _check_one_env(recipes, configs[: len(recipes)])
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {r: RecipeSummary(Path(r).stem) for r in recipes}
     for k, ((seed, recipe, name), cfg) in enumerate(zip(runs, configs)):
@@ -250,6 +251,22 @@ def compare(
     threshold = relate_to_reference(list(summaries.values()), ref_name, smooth)
     _write(out_dir, list(summaries.values()), ref_name, threshold, seeds, overrides or [], smooth)
     return list(summaries.values())
+
+
+def _check_one_env(recipes: Sequence[str], configs: Sequence[Config]) -> None:
+    """Every recipe trains on the same env: a recipe may name its own (``rapo``'s is
+    ``tools`` with profiles), and success rates on different envs do not compare.
+
+    Raises:
+        ConfigError: the recipes' envs differ; names each and how to set one for all.
+    """
+    envs = {r: (c.env.name, c.env.kwargs) for r, c in zip(recipes, configs)}
+    if len({repr(e) for e in envs.values()}) > 1:
+        each = ", ".join(f"{r} on {n} {k}" for r, (n, k) in envs.items())
+        raise ConfigError(
+            f"compared recipes train on different envs ({each}): set one env for all with "
+            "--env NAME and env.kwargs=..."
+        )
 
 
 def relate_to_reference(summaries: list[RecipeSummary], ref_name: str, smooth: int) -> float:
