@@ -274,6 +274,12 @@ def test_critique_examples() -> None:
         ("critic : click [ 9 ] : invalid action ; page : results action :", "fix"),
     ]
     assert len(critique_examples(labels, corrections_from="successful")) == 2
+    # the ablation: the same fixes without the critique
+    assert critique_examples(labels, critique_text=False) == [
+        ("page : home action :", "search [ red ]"),
+        ("page : item action :", "fix"),
+        ("page : results action :", "fix"),
+    ]
 
 
 def test_files_round_trip(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ SMALL = [
     "stages.critique_sft.params.episodes=4",
     "stages.eval_rl.params.episodes=3",
     "stages.eval.params.episodes=3",
+    "stages.eval_verified.params.episodes=3",
 ]
 
 
@@ -46,8 +47,10 @@ def test_cast_pipeline_end_to_end(tmp_path: Path) -> None:
         ("critique_sft", "critique_sft"),
         ("eval_rl", "eval"),
         ("eval", "eval"),
+        ("eval_verified", "eval"),
     ]
     assert spec.stage("rl").refs == {"policy": "sft", "critic": "critic"}
+    assert spec.stage("eval_verified").refs == {"policy": "critique_sft", "critic": "critic"}
     res = run_pipeline(spec, quiet=True, say=lambda _: None)
     assert all(s.status == "ran" for s in res.stages)
     folder = tmp_path / "cast"
@@ -73,5 +76,9 @@ def test_cast_pipeline_end_to_end(tmp_path: Path) -> None:
     ev = json.loads((folder / "eval" / "eval.json").read_text())
     assert ev["trials"] == 4 and set(ev["pass_hat_k"]) == {"1", "2", "4"}
     assert ev["pass_hat_k"]["4"] <= ev["pass_hat_k"]["2"] <= ev["pass_hat_k"]["1"]
+    # eval_verified: the same policy acting under the critic, its flags counted
+    verified = _table(folder / "eval_verified")
+    assert int(verified["critic flags"]) >= int(verified["critic resamples"]) >= 0
+    assert json.loads((folder / "eval_verified" / "eval.json").read_text())["trials"] == 4
     summary = (folder / "summary.md").read_text()
     assert all(name in summary for name in ("label", "critic", "critique_sft", "eval_rl"))

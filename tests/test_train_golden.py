@@ -55,7 +55,12 @@ NEEDS_TEACHER_FOLDER = {r for r in recipe_names() if load_config(r).teacher.kind
 #: ``PickEnv`` (name the profile's colour).
 RECIPE_NEEDS = {
     "rods": ["tasks.params.spawn=0"],
-    "rapo": ["env.name=examples.desk_envs:PickEnv", "env.kwargs={}", "rollout.max_new_tokens=2", "sft.steps=15"],
+    "rapo": [
+        "env.name=examples.desk_envs:PickEnv",
+        "env.kwargs={}",
+        "rollout.max_new_tokens=2",
+        "sft.steps=15",
+    ],
 }
 
 #: (case name, recipe, extra overrides): every recipe, plus code paths the recipes skip.

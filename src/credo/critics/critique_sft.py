@@ -14,6 +14,10 @@ Two kinds of rows (prompt text, target action), both encoded with the policy's t
    which is what online verification shows it (CAST reports that this halves the
    policy's resistance to feedback).
 
+With ``critique_text=False`` the corrections keep their fix but lose the critique,
+``(context, fix)``: the same rows as an imitation of the labeller's fixes (DAgger-like),
+the ablation that shows what the critique itself adds.
+
 The critique comes first so that the plain renderer's layout (goal right before
 ``action :``) is unchanged. Words outside a word-level vocabulary become ``<unk>``; the
 class phrases are mostly env words (:data:`~credo.critics.labels.CRITIQUES`).
@@ -24,21 +28,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from credo.critics.labeller import LabelledStep
-from credo.critics.labels import critique_text
+from credo.critics.labels import critique_text as _critique
 
 __all__ = ["critique_examples", "critique_rows"]
 
 
 def critique_examples(
-    labels: Sequence[LabelledStep], *, corrections_from: str = "all"
+    labels: Sequence[LabelledStep], *, corrections_from: str = "all", critique_text: bool = True
 ) -> list[tuple[str, str]]:
     """The ``(prompt text, target action)`` pairs of the module docstring, behaviour rows
-    first, in label order."""
+    first, in label order; ``critique_text=False`` drops the critique from corrections."""
     if corrections_from not in ("all", "successful"):
         raise ValueError(f"corrections_from={corrections_from!r}; accepted: all, successful")
     good = [(x.context, x.action) for x in labels if x.ok and x.success]
     fixes = [
-        (f"{critique_text(x.error, x.action)} ; {x.context}", x.fix)
+        (f"{_critique(x.error, x.action)} ; {x.context}" if critique_text else x.context, x.fix)
         for x in labels
         if not x.ok and x.fix and (x.success or corrections_from == "all")
     ]
@@ -51,11 +55,14 @@ def critique_rows(
     encode_response: Callable[[str], list[int]],
     *,
     corrections_from: str = "all",
+    critique_text: bool = True,
 ) -> list[tuple[list[int], list[int]]]:
     """:func:`critique_examples` as ``(prompt_ids, response_ids)`` rows for
     :func:`credo.train.sft.sft_train` (``encode_response`` adds the end-of-action token,
     as ``Renderer.response_ids`` does)."""
     return [
         (encode_prompt(p), encode_response(a))
-        for p, a in critique_examples(labels, corrections_from=corrections_from)
+        for p, a in critique_examples(
+            labels, corrections_from=corrections_from, critique_text=critique_text
+        )
     ]

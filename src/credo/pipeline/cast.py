@@ -121,6 +121,9 @@ class CritiqueParams:
     Attributes:
         steps, batch_size, lr: the SFT (defaults 200, 32, 5e-4).
         corrections_from: ``all`` (default) or ``successful`` episodes' error steps.
+        critique_text: corrections read the critique before the context (default true);
+            false keeps the fix and drops the critique (the ablation: imitation of the
+            labeller's fixes alone).
         episodes: held-out tasks evaluated before and after (default ``eval.episodes``).
         trials: episodes per held-out task (default 1); with ``ks``, pass^k.
         ks: the k of pass^k, each ≤ ``trials`` (default none).
@@ -131,6 +134,7 @@ class CritiqueParams:
     batch_size: int = 32
     lr: float = 5e-4
     corrections_from: str = "all"
+    critique_text: bool = True
     episodes: int | None = None
     trials: int = 1
     ks: list[int] = field(default_factory=list)
@@ -141,6 +145,8 @@ class CritiqueParams:
             raise ValueError(
                 f"corrections_from must be all or successful, got {self.corrections_from!r}"
             )
+        if not isinstance(self.critique_text, bool):
+            raise ValueError(f"critique_text must be true or false, got {self.critique_text!r}")
         if any(not isinstance(k, int) or not 1 <= k <= self.trials for k in self.ks):
             raise ValueError(f"ks must be integers in [1, trials={self.trials}], got {self.ks}")
 
@@ -160,6 +166,7 @@ def critique_sft(ctx: StageContext) -> StageResult:
         batch_size=p.batch_size,
         lr=p.lr,
         corrections_from=p.corrections_from,
+        critique_text=p.critique_text,
         eval_episodes=p.episodes,
         trials=p.trials,
         ks=tuple(p.ks),

@@ -227,16 +227,26 @@ class EvalParams:
             raise ValueError(f"ks must be a list of integers in 1..trials, got {self.ks!r}")
 
 
-@register_stage("eval", needs=("policy",), params=EvalParams)
+@register_stage("eval", needs=("policy",), accepts=("critic",), params=EvalParams)
 def eval_stage(ctx: StageContext) -> StageResult:
-    """The held-out evaluation of the input policy; ``eval.json`` in the stage folder."""
+    """The held-out evaluation of the input policy; ``eval.json`` in the stage folder.
+
+    With ``critic: STAGE`` the policy acts under that critic's guard (CAST's online
+    verification at test time: ``critic.on_flag`` says what a flag does, e.g. ``resample``
+    in the stage's ``overrides``), and the table adds the guard's flag and redraw counts.
+    """
     p: EvalParams = ctx.params
-    run = build_run(ctx.cfg, policy_path=ctx.inputs["policy"])
+    cfg = ctx.cfg
+    if "critic" in ctx.inputs:
+        path = f"critic.path={json.dumps(str(ctx.inputs['critic']))}"
+        cfg = Config.from_dict(apply_overrides(cfg.to_dict(), [path]))
+    run = build_run(cfg, policy_path=ctx.inputs["policy"])
     try:
-        ev = run.evaluate(
-            run.policy, episodes=p.episodes, greedy=p.greedy, trials=p.trials, ks=p.ks
-        )
+        policy = run.policy if run.critic is None else run.critic.wrap(run.policy)
+        ev = run.evaluate(policy, episodes=p.episodes, greedy=p.greedy, trials=p.trials, ks=p.ks)
+        counts = dict(run.critic.counts) if run.critic is not None else {}
     finally:
         run.close()
     _write_eval(ctx.folder / "eval.json", ev)
-    return StageResult({}, eval_rows(ev), eval_summary(ev))
+    rows = eval_rows(ev) + [(f"critic {k}", v) for k, v in counts.items()]
+    return StageResult({}, rows, eval_summary(ev))

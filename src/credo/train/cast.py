@@ -48,14 +48,13 @@ from credo.critics import (
     train_critic,
 )
 from credo.envs.base import Task
-from credo.eval.evaluate import evaluate
 from credo.policy.hf import HFPolicy
 from credo.train.config import Config
 from credo.train.run import build_run
 from credo.train.sft import sft_train
 from credo.utils.atomic import write_text_atomic
 
-__all__ = ["critic_stage", "critique_sft_stage", "evaluate_with_critic", "label_stage"]
+__all__ = ["critic_stage", "critique_sft_stage", "label_stage"]
 
 
 def _write_metrics(out_dir: Path, name: str, metrics: dict[str, Any]) -> None:
@@ -222,6 +221,7 @@ def critique_sft_stage(
     batch_size: int = 32,
     lr: float = 5e-4,
     corrections_from: str = "all",
+    critique_text: bool = True,
     eval_episodes: int | None = None,
     trials: int = 1,
     ks: tuple[int, ...] = (),
@@ -237,6 +237,8 @@ def critique_sft_stage(
         policy: the policy folder to fine-tune.
         steps, batch_size, lr: the SFT.
         corrections_from: ``all`` (default) or ``successful`` episodes' error steps.
+        critique_text: corrections read the critique (default); false: the fix alone
+            (the ablation without critiques).
         eval_episodes: held-out tasks (default ``eval.episodes``; 0 skips evaluation).
         trials, ks: episodes per task and the k of pass^k (:meth:`Run.evaluate`).
         seed: the SFT's shuffling.
@@ -257,6 +259,7 @@ def critique_sft_stage(
             lambda text: tok.encode(text, add_special_tokens=False),
             run.renderer.response_ids,
             corrections_from=corrections_from,
+            critique_text=critique_text,
         )
         good = sum(1 for x in data if x.ok and x.success)
         n = cfg.eval.episodes if eval_episodes is None else eval_episodes
@@ -282,35 +285,3 @@ def critique_sft_stage(
         run.close()
     _write_metrics(out, "critique_sft", metrics)
     return metrics
-
-
-def evaluate_with_critic(
-    cfg: Config, policy: str | Path, *, episodes: int, trials: int = 1, ks: tuple[int, ...] = ()
-) -> dict[str, float]:
-    """Held-out success and pass^k of ``policy`` acting under the config's critic guard
-    (``critic.path``; online verification at test time), and the guard's counts."""
-    run = build_run(cfg, policy_path=Path(policy))
-    try:
-        if run.critic is None:
-            raise ValueError("evaluate_with_critic needs critic.path")
-        guarded = run.critic.wrap(run.policy)
-        res = evaluate(
-            guarded,
-            run.renderer,
-            run.make_env,
-            episodes=episodes,
-            sampling=run.sampling,
-            max_turns=run.max_turns,
-            seed=cfg.eval.seed,
-            trials=trials,
-            ks=ks,
-        )
-        counts = dict(run.critic.counts)
-    finally:
-        run.close()
-    return {
-        "eval/success_rate": res.success_rate,
-        **{f"eval/pass^{k}": float(v) for k, v in res.pass_hat_k.items()},
-        "critic/flags": float(counts["flags"]),
-        "critic/resamples": float(counts["resamples"]),
-    }
