@@ -274,6 +274,10 @@ def test_critique_examples() -> None:
         ("critic : click [ 9 ] : invalid action ; page : results action :", "fix"),
     ]
     assert len(critique_examples(labels, corrections_from="successful")) == 2
+    # the control: behaviour rows only (rejection-sampling SFT)
+    assert critique_examples(labels, corrections_from="none") == rows[:1]
+    with pytest.raises(ValueError, match="accepted: all, successful, none"):
+        critique_examples(labels, corrections_from="some")
     # the ablation: the same fixes without the critique
     assert critique_examples(labels, critique_text=False) == [
         ("page : home action :", "search [ red ]"),

@@ -11,7 +11,7 @@ live in :mod:`credo.train.cast`.
 """
 
 from credo.critics.critic import Critic, critic_from_policy, load_critic, new_critic
-from credo.critics.critique_sft import critique_examples, critique_rows
+from credo.critics.critique_sft import CORRECTIONS_FROM, critique_examples, critique_rows
 from credo.critics.fit import class_weights, evaluate_critic, split_by_task, train_critic
 from credo.critics.labeller import (
     LABEL_RULES,
@@ -29,6 +29,7 @@ from credo.critics.verify import ON_FLAG, CriticGuard, GuardedPolicy
 
 __all__ = [
     "CLASSES",
+    "CORRECTIONS_FROM",
     "CRITIQUES",
     "LABEL_RULES",
     "ON_FLAG",

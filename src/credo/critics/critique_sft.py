@@ -6,7 +6,8 @@ Two kinds of rows (prompt text, target action), both encoded with the policy's t
    task: ``(context, action)`` — the policy's own good actions, as in rejection-sampling
    SFT.
 2. **Critique-conditioned corrections.** Every step labelled as an error (of successful
-   episodes only, or of all episodes with ``corrections_from="all"``, the default):
+   episodes only, or of all episodes with ``corrections_from="all"``, the default; none
+   with ``corrections_from="none"``, which leaves rejection-sampling SFT, the control):
    ``(critique + " ; " + context, fix)`` where ``critique`` is
    :func:`~credo.critics.labels.critique_text` of the step's class and proposed action
    (``"critic : buy : buy only after the goal size"``) and ``fix`` is the labeller's
@@ -30,7 +31,10 @@ from collections.abc import Callable, Sequence
 from credo.critics.labeller import LabelledStep
 from credo.critics.labels import critique_text as _critique
 
-__all__ = ["critique_examples", "critique_rows"]
+__all__ = ["CORRECTIONS_FROM", "critique_examples", "critique_rows"]
+
+#: Whose error steps become corrections: every episode's, successful ones', or none.
+CORRECTIONS_FROM = ("all", "successful", "none")
 
 
 def critique_examples(
@@ -38,13 +42,18 @@ def critique_examples(
 ) -> list[tuple[str, str]]:
     """The ``(prompt text, target action)`` pairs of the module docstring, behaviour rows
     first, in label order; ``critique_text=False`` drops the critique from corrections."""
-    if corrections_from not in ("all", "successful"):
-        raise ValueError(f"corrections_from={corrections_from!r}; accepted: all, successful")
+    if corrections_from not in CORRECTIONS_FROM:
+        raise ValueError(
+            f"corrections_from={corrections_from!r}; accepted: {', '.join(CORRECTIONS_FROM)}"
+        )
     good = [(x.context, x.action) for x in labels if x.ok and x.success]
     fixes = [
         (f"{_critique(x.error, x.action)} ; {x.context}" if critique_text else x.context, x.fix)
         for x in labels
-        if not x.ok and x.fix and (x.success or corrections_from == "all")
+        if not x.ok
+        and x.fix
+        and corrections_from != "none"
+        and (x.success or corrections_from == "all")
     ]
     return good + fixes
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from credo.pipeline.registry import StageContext, StageResult, register_stage
-from credo.train.cast import critic_stage, critique_sft_stage, label_stage
+from credo.train.cast import CORRECTIONS_FROM, critic_stage, critique_sft_stage, label_stage
 
 __all__ = ["CriticParams", "CritiqueParams", "LabelParams"]
 
@@ -120,7 +120,8 @@ class CritiqueParams:
 
     Attributes:
         steps, batch_size, lr: the SFT (defaults 200, 32, 5e-4).
-        corrections_from: ``all`` (default) or ``successful`` episodes' error steps.
+        corrections_from: ``all`` (default) or ``successful`` episodes' error steps, or
+            ``none`` (behaviour rows only: rejection-sampling SFT, the control).
         critique_text: corrections read the critique before the context (default true);
             false keeps the fix and drops the critique (the ablation: imitation of the
             labeller's fixes alone).
@@ -141,9 +142,10 @@ class CritiqueParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.corrections_from not in ("all", "successful"):
+        if self.corrections_from not in CORRECTIONS_FROM:
             raise ValueError(
-                f"corrections_from must be all or successful, got {self.corrections_from!r}"
+                f"corrections_from must be one of {', '.join(CORRECTIONS_FROM)}, "
+                f"got {self.corrections_from!r}"
             )
         if not isinstance(self.critique_text, bool):
             raise ValueError(f"critique_text must be true or false, got {self.critique_text!r}")

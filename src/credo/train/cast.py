@@ -34,6 +34,7 @@ import torch
 
 from credo.critics import (
     CLASSES,
+    CORRECTIONS_FROM,
     critic_from_policy,
     critique_rows,
     evaluate_critic,
@@ -54,7 +55,7 @@ from credo.train.run import build_run
 from credo.train.sft import sft_train
 from credo.utils.atomic import write_text_atomic
 
-__all__ = ["critic_stage", "critique_sft_stage", "label_stage"]
+__all__ = ["CORRECTIONS_FROM", "critic_stage", "critique_sft_stage", "label_stage"]
 
 
 def _write_metrics(out_dir: Path, name: str, metrics: dict[str, Any]) -> None:
@@ -236,7 +237,8 @@ def critique_sft_stage(
         labels: ``labels.jsonl`` from :func:`label_stage`.
         policy: the policy folder to fine-tune.
         steps, batch_size, lr: the SFT.
-        corrections_from: ``all`` (default) or ``successful`` episodes' error steps.
+        corrections_from: ``all`` (default) or ``successful`` episodes' error steps, or
+            ``none`` (behaviour rows only).
         critique_text: corrections read the critique (default); false: the fix alone
             (the ablation without critiques).
         eval_episodes: held-out tasks (default ``eval.episodes``; 0 skips evaluation).
