@@ -110,6 +110,26 @@ def test_warm_start_cache_key_follows_what_the_warm_start_depends_on() -> None:
     )
 
 
+def test_sft_steps_default_to_what_the_env_asks_for() -> None:
+    """``sft.steps: null`` is the env's ``sft_steps`` (``tools``: 6000) or 2500, and the
+    warm-start key holds the resolved number: the warm starts cached before the default
+    became env-dependent keep their keys."""
+    from credo.train.warmstart import sft_steps, warm_start_key
+
+    shop, tools = load_config("grpo"), load_config("grpo", ["env.name=tools"])
+    assert shop.sft.steps is None and (sft_steps(shop), sft_steps(tools)) == (2500, 6000)
+    assert sft_steps(load_config("grpo", ["env.name=tools", "sft.steps=300"])) == 300
+    assert warm_start_key(shop) == warm_start_key(load_config("grpo", ["sft.steps=2500"]))
+    assert warm_start_key(tools) == warm_start_key(
+        load_config("grpo", ["env.name=tools", "sft.steps=6000"])
+    )
+    assert warm_start_key(tools) != warm_start_key(
+        load_config("grpo", ["env.name=tools", "sft.steps=2500"])
+    )
+    # an env without the attribute (a third-party adapter, your own) gets 2500
+    assert sft_steps(load_config("grpo", ["env.name=examples.custom_env:GuessEnv"])) == 2500
+
+
 def test_a_cuda_device_without_cuda_is_refused_at_load() -> None:
     import torch
 

@@ -519,6 +519,13 @@ class ToolsEnv:
             docstring; default false).
     """
 
+    #: Warm-start steps this env asks for (``sft.steps: null``). The lookups (the id
+    #: beside a named item in a tool result) come late in SFT: after the shared default
+    #: of 2,500 the built-in model picked such an order id 33 % of the time and the
+    #: warm start solved 0.5 % of held-out tasks; after 6,000, 2.8 %, from which GRPO
+    #: learns (README, "The tools environment").
+    sft_steps = 6000
+
     def __init__(
         self,
         difficulty: str = "default",

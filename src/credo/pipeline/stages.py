@@ -29,7 +29,7 @@ from credo.train.config import Config, apply_overrides
 from credo.train.loop import train
 from credo.train.progress import Progress
 from credo.train.run import build_run
-from credo.train.warmstart import warm_start
+from credo.train.warmstart import sft_steps, warm_start
 from credo.utils.atomic import temp_path, write_text_atomic
 
 __all__ = ["EvalParams", "RLParams", "eval_rows", "eval_summary", "save_policy"]
@@ -106,7 +106,7 @@ def sft_stage(ctx: StageContext) -> StageResult:
     _write_eval(ctx.folder / "eval.json", ev)
     table = [
         ("demonstration success (noisy)", round(ws.demo_success, 4)),
-        ("SFT steps (clean + noisy)", ctx.cfg.sft.steps + ctx.cfg.sft.noisy_steps),
+        ("SFT steps (clean + noisy)", sft_steps(ctx.cfg) + ctx.cfg.sft.noisy_steps),
         ("from the warm-start cache", ws.cached),
         *eval_rows(ev),
     ]

@@ -9,6 +9,7 @@ held-out result (or, on ``--resume``, what the run folder recorded), written to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -58,6 +59,18 @@ class WarmStart:
     path: Path
 
 
+#: ``sft.steps: null`` means the env's ``sft_steps`` attribute, else this many steps.
+DEFAULT_SFT_STEPS = 2500
+
+
+def sft_steps(cfg: Config) -> int:
+    """``sft.steps``, or its env-dependent default: the env's optional ``sft_steps``
+    attribute (``tools``: 6000), else :data:`DEFAULT_SFT_STEPS`."""
+    if cfg.sft.steps is not None:
+        return cfg.sft.steps
+    return int(getattr(resolve_env(cfg.env.name), "sft_steps", DEFAULT_SFT_STEPS))
+
+
 def warm_start_key(cfg: Config) -> str:
     """Hash of everything the warm start depends on, the code included. Model and prompt
     settings enter only when they differ from their defaults (the built-in model's keys
@@ -75,7 +88,10 @@ def warm_start_key(cfg: Config) -> str:
     key: dict[str, Any] = {
         "env": asdict(cfg.env),
         "model": model,
-        "sft": {k: v for k, v in asdict(cfg.sft).items() if k not in skip},
+        "sft": {
+            **{k: v for k, v in asdict(cfg.sft).items() if k not in skip},
+            "steps": sft_steps(cfg),  # resolved: null and the number it means share a key
+        },
         "history_turns": cfg.rollout.history_turns,
         "seed": cfg.train.seed,
         "code": _code_fingerprint(cfg),
@@ -153,7 +169,7 @@ def warm_start(
         _name_base(policy, folder / "policy")
         return policy, WarmStart(key, True, meta["demo_success"], 0.0, folder / "policy")
     policy = add_adapters(cfg, policy)
-    sft = cfg.sft
+    sft = dataclasses.replace(cfg.sft, steps=sft_steps(cfg))
     start = time.perf_counter()
     teach: dict[str, Any] = {}
     if sft.privileged is not None:  # rows whose prompt carries the env's privileged text

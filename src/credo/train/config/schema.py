@@ -368,9 +368,11 @@ class SFTConfig:
     Attributes:
         enabled: run the warm start (default true; the env needs ``oracle_action``).
         episodes: clean demonstration episodes (default 8000).
-        steps: optimizer steps on clean demonstrations (default 2500: on `shop` the
-            clean phase has every skill, at 97–100 % greedy accuracy per page, by step
-            1500–2000 for the seeds we probed).
+        steps: optimizer steps on clean demonstrations (default ``None``: the env's
+            ``sft_steps`` attribute if it has one, else 2500; on `shop` the clean phase
+            has every skill, at 97–100 % greedy accuracy per page, by step 1500–2000 for
+            the seeds we probed; `tools` asks for 6000, since copying ids and names from
+            tool results comes late in SFT).
         noisy_episodes: ε-noisy demonstration episodes (default 3000).
         noisy_steps: further steps on the noisy demonstrations (default 300).
         epsilon: probability of a random plausible action in a noisy demonstration
@@ -394,7 +396,7 @@ class SFTConfig:
 
     enabled: bool = True
     episodes: int = 8000
-    steps: int = 2500
+    steps: int | None = None
     noisy_episodes: int = 3000
     noisy_steps: int = 300
     epsilon: float = 0.3
