@@ -82,3 +82,18 @@ def test_cast_pipeline_end_to_end(tmp_path: Path) -> None:
     assert json.loads((folder / "eval_verified" / "eval.json").read_text())["trials"] == 4
     summary = (folder / "summary.md").read_text()
     assert all(name in summary for name in ("label", "critic", "critique_sft", "eval_rl"))
+
+
+def test_cast_controls_is_cast_plus_its_controls(tmp_path: Path) -> None:
+    """``pipelines/cast_controls.yaml`` (the file docs/cast.md's table ran) has every stage
+    of cast.yaml, with the same digests, and the controls reading the same inputs."""
+    cast = load_pipeline(CAST, [f"runs_dir={tmp_path}"])
+    controls = load_pipeline(CAST.with_name("cast_controls.yaml"), [f"runs_dir={tmp_path}"])
+    assert [s.digest for s in controls.stages[: len(cast.stages)]] == [
+        s.digest for s in cast.stages
+    ]
+    extra = {s.name: s for s in controls.stages[len(cast.stages) :]}
+    assert extra["eval_rl_verified"].refs == {"policy": "rl", "critic": "critic"}
+    assert extra["fixes_sft"].params.critique_text is False
+    assert extra["rft_sft"].params.corrections_from == "none"
+    assert extra["fixes_sft"].refs == extra["rft_sft"].refs == {"labels": "label", "policy": "rl"}
