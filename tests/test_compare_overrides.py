@@ -76,6 +76,18 @@ def test_recipes_on_different_envs_are_refused_before_any_run(tmp_path) -> None:
     assert not out.exists()
     with pytest.raises(ConfigError, match=r"different envs \(grpo on tools \{\}, rapo on tools"):
         compare(["grpo", "rapo"], [0], overrides=["env.name=tools"], out_dir=out)
+    # the same kwargs written in another order are the same env
+    from credo.train.compare import _check_one_env
+
+    _check_one_env(
+        ["grpo", "rapo"],
+        [
+            load_config(
+                "grpo", ["env.name=tools", "env.kwargs={difficulty: easy, profiles: true}"]
+            ),
+            load_config("rapo", ["env.kwargs.difficulty=easy"]),
+        ],
+    )
     # one env for all: the configs load (checked here without training)
     same = ["env.name=tools", "env.kwargs={profiles: true}"]
     assert load_config("grpo", same).env == load_config("rapo", same).env

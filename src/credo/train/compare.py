@@ -261,7 +261,7 @@ def _check_one_env(recipes: Sequence[str], configs: Sequence[Config]) -> None:
         ConfigError: the recipes' envs differ; names each and how to set one for all.
     """
     envs = {r: (c.env.name, c.env.kwargs) for r, c in zip(recipes, configs)}
-    if len({repr(e) for e in envs.values()}) > 1:
+    if any(e != envs[recipes[0]] for e in envs.values()):  # dicts: key order is no difference
         each = ", ".join(f"{r} on {n} {k}" for r, (n, k) in envs.items())
         raise ConfigError(
             f"compared recipes train on different envs ({each}): set one env for all with "
