@@ -81,6 +81,14 @@ def _write_eval(path: Path, ev: EvalResult) -> None:
     write_text_atomic(path, json.dumps(ev.to_dict(), indent=1))
 
 
+def _critic_path(ctx: StageContext) -> list[str]:
+    """The override that puts the stage's ``critic`` input (a critic stage's folder) in
+    ``critic.path``, so the run's actions pass CAST's guard; none without that input."""
+    return (
+        [f"critic.path={json.dumps(str(ctx.inputs['critic']))}"] if "critic" in ctx.inputs else []
+    )
+
+
 # ------------------------------------------------------------------------------ sft
 @register_stage(
     "sft",
@@ -154,9 +162,7 @@ def rl_stage(ctx: StageContext) -> StageResult:
     then the trajectories (see the module docstring)."""
     p: RLParams = ctx.params
     where = [f"train.runs_dir={json.dumps(str(ctx.folder))}", "train.name=run"]
-    if "critic" in ctx.inputs:  # CAST: the critic stage's critic verifies every action
-        where.append(f"critic.path={json.dumps(str(ctx.inputs['critic']))}")
-    cfg = Config.from_dict(apply_overrides(ctx.cfg.to_dict(), where))
+    cfg = Config.from_dict(apply_overrides(ctx.cfg.to_dict(), where + _critic_path(ctx)))
     run_dir = ctx.folder / "run"
     resume = run_dir if (run_dir / "config.yaml").exists() else None
     result = train(cfg, resume=resume, quiet=ctx.quiet, policy_path=ctx.inputs.get("policy"))
@@ -236,10 +242,7 @@ def eval_stage(ctx: StageContext) -> StageResult:
     in the stage's ``overrides``), and the table adds the guard's flag and redraw counts.
     """
     p: EvalParams = ctx.params
-    cfg = ctx.cfg
-    if "critic" in ctx.inputs:
-        path = f"critic.path={json.dumps(str(ctx.inputs['critic']))}"
-        cfg = Config.from_dict(apply_overrides(cfg.to_dict(), [path]))
+    cfg = Config.from_dict(apply_overrides(ctx.cfg.to_dict(), _critic_path(ctx)))
     run = build_run(cfg, policy_path=ctx.inputs["policy"])
     try:
         policy = run.policy if run.critic is None else run.critic.wrap(run.policy)
