@@ -2,33 +2,48 @@
 
 The tools env with ``closing=respond`` knows, for every message to the customer, the
 share of the ticket's requests whose facts it states (``message_truth``); the env's own
-reward never reads the message. For held-out tasks we write the oracle's message and
-corrupted versions of it (an amount dropped or changed, an item swapped, a request left
-out, a message that states nothing) and score each with a judge on a rubric; we report
-the AUC of the rubric reward for fully true vs not fully true messages, Pearson's r with
-the truth, and the mean score per kind of message.
+reward never reads the message. For held-out tasks we play the oracle's episode, write
+its message and corrupted versions of it (an amount dropped or changed, an item or a
+colour swapped, a request left out, a message that states nothing) and score each with a
+judge on a rubric; we report the AUC of the rubric reward for fully true vs not fully
+true messages, Pearson's r with the truth, and the mean score per kind of message.
+
+The judge reads the ticket (``--context instruction``) or the episode's transcript
+(``--context transcript``: the ticket and the tool results, where the amounts are).
+With ``--fit-steps N`` the judge is first fitted (:func:`credo.teachers.fit_judge`) on
+the same kinds of messages for ``--fit-tasks`` *training* tasks, labelled with their
+hidden truth, on the one-question ``fact`` rubric; ``--save DIR`` writes the fitted judge
+and that rubric (``DIR/rubric.yaml``) for ``judge.model=DIR judge.rubric=DIR/rubric.yaml``.
 
     PYTHONPATH=src python benchmarks/serpo_agreement.py --judge smollm2-135m --tasks 20
     PYTHONPATH=src python benchmarks/serpo_agreement.py --judge builtin
+    PYTHONPATH=src python benchmarks/serpo_agreement.py --judge builtin --context transcript \
+        --fit-steps 3000 --save runs/judge-tools
 
-(``builtin``: an untrained built-in model, the chance baseline.)
+(``builtin`` unfitted: an untrained built-in model, the chance baseline.)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import shutil
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
 import torch
 
 from credo.envs.base import Task
-from credo.envs.tools import ITEMS, ToolsEnv
+from credo.envs.tools import COLORS, ITEMS, ToolsEnv
+from credo.policy.tiny import TinyModelConfig
 from credo.teachers.judge import Judge
+from credo.teachers.judge_fit import JudgeExample, fit_judge
 from credo.teachers.rubric import Rubric, RubricItem
-from credo.train.judging import DEFAULT_RUBRIC, _judge_policy, rank_auc
+from credo.train.judging import DEFAULT_RUBRIC, episode_transcript, judge_policy, rank_auc
+from credo.utils.atomic import temp_path
 
 #: A rubric that asks about the facts against the ticket itself.
 FACT_RUBRIC = Rubric(
@@ -41,6 +56,8 @@ FACT_RUBRIC = Rubric(
     ]
 )
 
+DIFFICULTIES = ("easy", "default", "hard")
+
 
 def messages(env: ToolsEnv, rng: random.Random) -> list[tuple[str, str]]:
     """``(kind, message)``: the oracle's and corrupted versions."""
@@ -52,6 +69,10 @@ def messages(env: ToolsEnv, rng: random.Random) -> list[tuple[str, str]]:
         a = amounts[0]
         out.append(("amount dropped", good.replace(f"$ {a} ", "", 1)))
         out.append(("amount wrong", good.replace(f"$ {a} ", f"$ {int(a) + 5} ", 1)))
+    colors = [f[2] for f in facts if f[0] == "exchange"]
+    if colors:
+        other = rng.choice([c for c in COLORS if c != colors[0]])
+        out.append(("colour wrong", good.replace(f" for {colors[0]} ", f" for {other} ", 1)))
     item = facts[0][2] if facts[0][0] in ("refund", "credit") else facts[0][1]
     other = rng.choice([i for i in ITEMS if i != item])
     out.append(("item swapped", good.replace(f" {item} ", f" {other} ", 1)))
@@ -62,42 +83,94 @@ def messages(env: ToolsEnv, rng: random.Random) -> list[tuple[str, str]]:
     return out
 
 
+def rows(split: str, n: int, context: str, seed: int) -> list[tuple[str, str, str, float]]:
+    """``(kind, message, context, truth)`` for ``n`` tasks of ``split``: the oracle plays
+    each episode up to its ``respond`` call; the context is what the judge reads in
+    training (:func:`episode_transcript` of the observations the oracle acted on)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        env = ToolsEnv(DIFFICULTIES[i % 3], closing="respond")
+        seen = [env.reset(Task.make(split, i))]
+        while not (action := env.oracle_action()).startswith("respond"):
+            seen.append(env.step(action).observation)
+        ctx = env.instruction()
+        if context == "transcript":
+            ctx = episode_transcript(ctx, seen)
+        out += [(kind, m, ctx, env.message_truth(m)) for kind, m in messages(env, rng)]
+    return out
+
+
+def agreement(judge: Judge, rubric: Rubric, data: list[tuple[str, str, str, float]]) -> str:
+    """One line: AUC, r and the mean score per kind of message."""
+    t0 = time.perf_counter()
+    scores = rubric.reward(judge, [r[1] for r in data], [r[2] for r in data])
+    secs = time.perf_counter() - t0
+    s = (scores / sum(it.weight for it in rubric.items)).tolist()
+    truth = [r[3] for r in data]
+    auc = rank_auc(s, [t >= 1.0 for t in truth])
+    x, y = torch.tensor(s, dtype=torch.float64), torch.tensor(truth, dtype=torch.float64)
+    x, y = x - x.mean(), y - y.mean()
+    corr = float((x * y).sum() / (x.norm() * y.norm()).clamp(min=1e-12))
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for r, v in zip(data, s):
+        by_kind[r[0]].append(v)
+    kinds = " ".join(f"{k}={sum(v) / len(v):.3f}" for k, v in by_kind.items())
+    return (
+        f"messages={len(data)} true={sum(t >= 1 for t in truth)} auc={auc:.3f} r={corr:.3f} "
+        f"forwards={judge.cost.forwards} seconds={secs:.1f} | {kinds}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--judge", default="smollm2-135m", help="builtin, an alias or a folder")
-    ap.add_argument("--tasks", type=int, default=20)
+    ap.add_argument("--tasks", type=int, default=20, help="held-out (test) tasks")
+    ap.add_argument("--context", choices=("instruction", "transcript"), default="instruction")
+    ap.add_argument("--fit-steps", type=int, default=0, help="fit the judge first (0: no)")
+    ap.add_argument("--fit-tasks", type=int, default=1500, help="training tasks to fit on")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--width", type=int, default=64, help="a fitted built-in judge's width")
+    ap.add_argument("--layers", type=int, default=2, help="... and its layers")
+    ap.add_argument("--save", default=None, help="folder for the fitted judge and rubric")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rng = random.Random(args.seed)
-    rows: list[tuple[str, str, str, float]] = []  # kind, message, context, truth
-    for i in range(args.tasks):
-        env = ToolsEnv(("easy", "default", "hard")[i % 3], closing="respond")
-        env.reset(Task.make("test", i))
-        for kind, msg in messages(env, rng):
-            rows.append((kind, msg, env.instruction(), env.message_truth(msg)))
+    test = rows("test", args.tasks, args.context, args.seed)
     words = ToolsEnv(closing="respond").vocabulary()
-    for name, rubric in (("default", DEFAULT_RUBRIC), ("fact", FACT_RUBRIC)):
-        judge = Judge(_judge_policy(args.judge, words, rubric, args.seed, "cpu"))
-        t0 = time.perf_counter()
-        scores = rubric.reward(judge, [r[1] for r in rows], [r[2] for r in rows])
-        secs = time.perf_counter() - t0
-        s = (scores / sum(it.weight for it in rubric.items)).tolist()
-        truth = [r[3] for r in rows]
-        auc = rank_auc(s, [t >= 1.0 for t in truth])
-        x, y = torch.tensor(s, dtype=torch.float64), torch.tensor(truth, dtype=torch.float64)
-        x, y = x - x.mean(), y - y.mean()
-        corr = float((x * y).sum() / (x.norm() * y.norm()).clamp(min=1e-12))
-        by_kind: dict[str, list[float]] = defaultdict(list)
-        for r, v in zip(rows, s):
-            by_kind[r[0]].append(v)
-        kinds = " ".join(f"{k}={sum(v) / len(v):.3f}" for k, v in by_kind.items())
-        print(
-            f"judge={args.judge} rubric={name} messages={len(rows)} "
-            f"true={sum(t >= 1 for t in truth)} auc={auc:.3f} r={corr:.3f} "
-            f"judge_calls={judge.cost.calls} forwards={judge.cost.forwards} "
-            f"seconds={secs:.1f} | {kinds}"
-        )
+    if not args.fit_steps:
+        for name, rubric in (("default", DEFAULT_RUBRIC), ("fact", FACT_RUBRIC)):
+            judge = Judge(judge_policy(args.judge, words, rubric, args.seed, "cpu"))
+            line = agreement(judge, rubric, test)
+            print(f"judge={args.judge} rubric={name} context={args.context} {line}")
+        return
+    size = TinyModelConfig(
+        hidden_size=args.width, num_layers=args.layers, num_heads=4,
+        intermediate_size=2 * args.width,
+    )  # fmt: skip
+    judge = Judge(judge_policy(args.judge, words, FACT_RUBRIC, args.seed, "cpu", size))
+    question = FACT_RUBRIC.items[0].question
+    train = rows("train", args.fit_tasks, args.context, args.seed + 1)
+    examples = [JudgeExample(question, c, m, t) for _, m, c, t in train]
+    print(f"before fitting: {agreement(judge, FACT_RUBRIC, test)}")
+    t0 = time.perf_counter()
+    chunk = max(1, args.fit_steps // 5)
+    for done in range(0, args.fit_steps, chunk):
+        steps = min(chunk, args.fit_steps - done)
+        losses = fit_judge(judge, examples, steps=steps, lr=args.lr, batch_size=args.batch,
+                           seed=args.seed + done)  # fmt: skip
+        mins = (time.perf_counter() - t0) / 60
+        print(f"after {done + steps} steps ({mins:.1f} min, loss {sum(losses[-50:]) / len(losses[-50:]):.3f}): "
+              f"{agreement(judge, FACT_RUBRIC, test)}")  # fmt: skip
+    if args.save:  # written aside, then renamed into place: never half-written
+        out = Path(args.save)
+        tmp = temp_path(out)
+        judge.policy.save(tmp)
+        (tmp / "rubric.yaml").write_text(f"- question: {question!r}\n  weight: 1.0\n")
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        print(f"saved: judge.model={out} judge.rubric={out / 'rubric.yaml'}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from credo.policy.tiny import TinyModelConfig, create_tiny_policy
-from credo.teachers.judge import Judge, verdict_ids, verdict_scores
+from credo.teachers.judge import Judge, verdict_ids, verdict_margins, verdict_scores
+from credo.teachers.judge_fit import JudgeExample, fit_judge, verdict_loss
 from credo.teachers.rubric import (
     PROPOSERS,
     ResponsePools,
@@ -176,3 +177,58 @@ def test_the_judge_proposer_keeps_only_a_short_question() -> None:
     assert all(c.kind == "add" and c.question.endswith("?") for c in ch)
     ev = RubricEvolver(Rubric([]), "judge", max_items=0)
     assert ev.evolve(["thanks"], ["go away"], judge=judge) == []  # the cap holds
+
+
+# ------------------------------------------------------------------ fitting a judge
+def test_verdict_margins_and_loss_by_hand() -> None:
+    # yes = ids {0, 1}, no = id 2: d = log(e^0 + e^ln3) − 0 = log 4; second row d = −2
+    logits = torch.tensor([[0.0, math.log(3.0), 0.0, 7.0], [1.0, -5.0, 3.0, 0.0]])
+    d = verdict_margins(logits, [0, 1], [2])
+    lse = math.log(math.exp(1.0) + math.exp(-5.0))
+    assert d.tolist() == pytest.approx([math.log(4.0), lse - 3.0], abs=1e-6)
+    # BCE: label 1 on p = σ(log 4) = 0.8 → −log 0.8; soft label 0.25 on p = σ(d2)
+    p2 = 1 / (1 + math.exp(-(lse - 3.0)))
+    want = (-math.log(0.8) - (0.25 * math.log(p2) + 0.75 * math.log(1 - p2))) / 2
+    assert verdict_loss(d, torch.tensor([1.0, 0.25])).item() == pytest.approx(want, abs=1e-6)
+    with pytest.raises(ValueError, match="margins"):
+        verdict_loss(d, torch.tensor([1.0]))
+
+
+def test_fit_judge_gradient_moves_the_verdict_toward_the_label() -> None:
+    # one Adam step on one example lowers its loss and raises its "yes" score
+    judge = _judge()
+    ex = [JudgeExample("is it polite ?", "", "thanks", 1.0)]
+    before = judge.scores(["is it polite ?"], ["thanks"]).item()
+    losses = fit_judge(judge, ex, steps=3, lr=1e-2, batch_size=1)
+    assert losses[2] < losses[0]
+    assert judge.scores(["is it polite ?"], ["thanks"]).item() > before  # cache was cleared
+
+
+def test_fit_judge_learns_a_verdict_the_untrained_judge_does_not_know() -> None:
+    judge = _judge()
+    q = "is it polite ?"
+    polite = ["thanks", "thanks it is", "it is thanks", "thanks thanks"]
+    rude = ["go away", "go away it is", "it is go away", "away go"]
+    examples = [JudgeExample(q, "", r, 1.0) for r in polite]
+    examples += [JudgeExample(q, "", r, 0.0) for r in rude]
+    held_polite, held_rude = ["is it thanks"], ["away it is go"]
+
+    def gap() -> float:
+        s = judge.scores([q] * 2, held_polite + held_rude)
+        return float(s[0] - s[1])
+
+    assert abs(gap()) < 0.05  # the untrained judge does not tell them apart
+    losses = fit_judge(judge, examples, steps=150, lr=3e-3, batch_size=8, seed=1)
+    assert sum(losses[-10:]) / 10 < 0.1 < sum(losses[:10]) / 10
+    assert gap() > 0.8  # held-out responses it never saw, scored through the same prompt
+
+
+def test_fit_judge_rejects_bad_input() -> None:
+    judge = _judge()
+    ok = [JudgeExample("is it polite ?", "", "thanks", 1.0)]
+    with pytest.raises(ValueError, match="labels must be in"):
+        fit_judge(judge, [JudgeExample("q", "", "r", 2.0)], steps=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        fit_judge(judge, ok, steps=1, batch_size=0)
+    with pytest.raises(ValueError, match="needs examples"):
+        fit_judge(judge, [], steps=1)

@@ -20,7 +20,13 @@ from credo.envs.tools import ToolsEnv, format_call
 from credo.teachers.judge import JudgeCost
 from credo.teachers.rubric import ResponsePools, Rubric, RubricEvolver, RubricItem
 from credo.train.config import ConfigError, JudgeConfig, load_config
-from credo.train.judging import CHANGES_FILE, Judging, combine_row_rewards, rank_auc
+from credo.train.judging import (
+    CHANGES_FILE,
+    Judging,
+    combine_row_rewards,
+    episode_transcript,
+    rank_auc,
+)
 from credo.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,6 +189,33 @@ def test_judging_rewards_the_message_on_the_last_step_and_measures_agreement(
     assert step2.metrics["judge/asked"] == 4 and step2.metrics["judge/calls"] == 1
 
 
+def test_the_transcript_context_is_the_instruction_then_what_the_policy_acted_on(
+    tmp_path: Path,
+) -> None:
+    env = _tools()
+    task = Task("train", 0)
+    env.reset(task)
+    good = env.oracle_message()
+    assert episode_transcript("ticket", ["a", "b ; c"]) == "ticket | a | b ; c"
+    # root row observed "ticket open", the leaf (the respond call) the policy's result
+    forest = RolloutForest.from_columns(
+        group=[0, 0], parent=[-1, 0], actions=["check_policy { }",
+        format_call("respond", {"message": good})], reward=[0.0, 1.0],
+        success=[False, True], observations=["ticket open : no calls yet", "amount $30"],
+    )  # fmt: skip
+    want = f"{env.instruction()} | ticket open : no calls yet | amount $30"
+    judge = FixedJudge({("amount?", good): 0.75}, want)  # asserts the context it is shown
+    step = _judging(env, judge, Rubric([RubricItem("amount?", 1.0)]), tmp_path,
+                    context="transcript").reward(forest, [task], iteration=0)  # fmt: skip
+    assert step.forest.reward.tolist() == pytest.approx([0.0, 1.75])
+    # without recorded observations the transcript is the instruction alone
+    bare = RolloutForest.from_columns(group=[0], parent=[-1], reward=[1.0], success=[True],
+                                      actions=[format_call("respond", {"message": good})])  # fmt: skip
+    judge.context = env.instruction()
+    _judging(env, judge, Rubric([RubricItem("amount?", 1.0)]), tmp_path,
+             context="transcript").reward(bare, [task], iteration=0)  # fmt: skip
+
+
 def test_rubric_evolution_on_fixed_pools_with_the_contrast_proposer(tmp_path: Path) -> None:
     env = _tools()
     task = Task("train", 0)
@@ -250,6 +283,9 @@ def test_judge_section_checks(tmp_path: Path) -> None:
         *tools, "judge.model=builtin", f"judge.rubric={tmp_path}/none.yaml"
     )
     assert "judge.model='./nowhere': no such folder" in err(*tools, "judge.model=./nowhere")
+    assert "judge.context must be one of instruction, transcript, got 'episode'" in err(
+        *tools, "judge.model=builtin", "judge.context=episode"
+    )
     cfg = load_config("grpo", [*tools, "judge.model=builtin", "judge.combine=gated"])
     assert cfg.judge.enabled and cfg.judge.combine == "gated"
     assert not load_config("grpo").judge.enabled

@@ -90,17 +90,20 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
     return t
 
 
-def _fmt_eval(ev: Any) -> list[str]:
-    return [
-        f"{ev.success_rate:.1%}",
-        f"[{ev.ci_low:.1%}, {ev.ci_high:.1%}]",
-        f"{ev.mean_return:.3f}",
-        f"{ev.invalid_rate:.1%}",
-        f"{ev.mean_turns:.2f}",
-    ]
-
-
-_EVAL_COLUMNS = ["policy", "success", "95% CI", "return", "invalid actions", "turns"]
+def _eval_table(title: str, rows: list[tuple[str, Any]]) -> Any:
+    """The held-out table of ``(label, EvalResult)`` rows; a "text truth" column where
+    the env knows the truth of the episodes' free text (``EvalResult.text_truth``)."""
+    texts = any(getattr(ev, "text_truth", None) is not None for _, ev in rows)
+    columns = ["policy", "success", "95% CI", "return", "invalid actions", "turns"]
+    body = []
+    for label, ev in rows:
+        row = [label, f"{ev.success_rate:.1%}", f"[{ev.ci_low:.1%}, {ev.ci_high:.1%}]",
+               f"{ev.mean_return:.3f}", f"{ev.invalid_rate:.1%}", f"{ev.mean_turns:.2f}"]  # fmt: skip
+        if texts:
+            truth = getattr(ev, "text_truth", None)
+            row.append("—" if truth is None else f"{truth:.1%}")
+        body.append(row)
+    return _table(title, [*columns, "text truth"] if texts else columns, body)
 
 
 def baseline_label(cfg: Any) -> str:
@@ -245,14 +248,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 130 if result.interrupted else 0
     rows = []
     if result.warm is not None:
-        rows.append([baseline_label(cfg), *_fmt_eval(result.warm)])
+        rows.append((baseline_label(cfg), result.warm))
     if result.final is not None:
-        rows.append([f"trained ({cfg.recipe})", *_fmt_eval(result.final)])
+        rows.append((f"trained ({cfg.recipe})", result.final))
     if rows:
         episodes = (result.final or result.warm).episodes
-        console.print(
-            _table(f"held-out success on {episodes} {cfg.env.name} tasks", _EVAL_COLUMNS, rows)
-        )
+        console.print(_eval_table(f"held-out success on {episodes} {cfg.env.name} tasks", rows))
     if result.warm is not None and result.final is not None:
         delta = result.final.success_rate - result.warm.success_rate
         console.print(f"change in held-out success: {delta:+.1%} (absolute)")
@@ -278,10 +279,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     res = run_sft(cfg, episodes=args.episodes, quiet=args.quiet)
     console = _console()
     console.print(
-        _table(
+        _eval_table(
             f"warm start on {cfg.env.name} (held-out, {res['eval'].episodes} episodes)",
-            _EVAL_COLUMNS,
-            [["warm start (SFT)", *_fmt_eval(res["eval"])]],
+            [("warm start (SFT)", res["eval"])],
         )
     )
     console.print(f"policy folder: {res['path']}{' (from cache)' if res['cached'] else ''}")
@@ -319,11 +319,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     console = _console()
     console.print(
-        _table(
+        _eval_table(
             f"held-out evaluation on {res['env']} ({res['eval'].episodes} episodes"
             f"{', greedy' if args.greedy else ''})",
-            _EVAL_COLUMNS,
-            [[res["label"], *_fmt_eval(res["eval"])]],
+            [(res["label"], res["eval"])],
         )
     )
     _print_passk(console, res["eval"])

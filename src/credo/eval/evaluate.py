@@ -73,6 +73,11 @@ class EvalResult:
             JSON); empty unless k values were asked for.
         by_difficulty: per task difficulty: ``{"tasks", "success_rate", "pass_hat_k"}``;
             empty when tasks have no difficulty.
+        text_truth: where episodes close with free text whose hidden truth the env
+            knows (``offers_free_text()`` true, ``info["message_truth"]`` on the step
+            that sends it: ``tools`` with ``closing=respond``), the mean truth of the
+            text per episode, an episode that sent none counting 0; else ``None``.
+            The quality a judge's reward (SERPO) should raise.
     """
 
     episodes: int
@@ -89,6 +94,7 @@ class EvalResult:
     pass_at_k: dict[str, float] = field(default_factory=dict)
     pass_hat_k: dict[str, float] = field(default_factory=dict)
     by_difficulty: dict[str, dict[str, Any]] = field(default_factory=dict)
+    text_truth: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +155,7 @@ def evaluate(
     else:
         lo, hi = task_interval([c / trials for c in wins_per_task])
     labels = _difficulties(make_env, [Task.make(split, first_task + i) for i in range(episodes)])
+    texts = _offers_free_text(make_env)
     return EvalResult(
         episodes=len(eps),
         success_rate=wins / max(1, len(eps)),
@@ -164,7 +171,24 @@ def evaluate(
         pass_at_k={str(k): pass_at_k(wins_per_task, trials, k) for k in ks},
         pass_hat_k={str(k): pass_hat_k(wins_per_task, trials, k) for k in ks},
         by_difficulty=_breakdown(labels, wins_per_task, trials, ks),
+        text_truth=sum(map(_text_truth, eps)) / len(eps) if texts and eps else None,
     )
+
+
+def _offers_free_text(make_env: Callable[[], Any]) -> bool:
+    """Whether the env's episodes close with free text (``offers_free_text()``); an
+    env that fails here has failed its episodes already, and reports no text truth."""
+    try:
+        offers = getattr(make_env(), "offers_free_text", None)
+        return bool(offers()) if callable(offers) else False
+    except Exception:
+        return False
+
+
+def _text_truth(episode: Any) -> float:
+    """The hidden truth of the free text an episode sent (0 if it sent none)."""
+    truths = [s.info["message_truth"] for s in episode.steps if "message_truth" in s.info]
+    return float(truths[-1]) if truths else 0.0
 
 
 def _difficulties(make_env: Callable[[], Any], tasks: list[Task]) -> list[str] | None:

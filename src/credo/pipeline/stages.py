@@ -45,6 +45,8 @@ def eval_rows(ev: EvalResult, label: str = "held-out") -> list[tuple[str, Any]]:
         (f"{label} invalid-action rate", round(ev.invalid_rate, 4)),
         (f"{label} mean turns", round(ev.mean_turns, 3)),
     ]
+    if ev.text_truth is not None:
+        rows.append((f"{label} text truth", round(ev.text_truth, 4)))
     rows += [(f"{label} pass^{k}", round(v, 4)) for k, v in ev.pass_hat_k.items()]
     rows += [(f"{label} pass@{k}", round(v, 4)) for k, v in ev.pass_at_k.items()]
     if ev.errors:

@@ -12,7 +12,8 @@ from credo.teachers.base import Teacher, TeacherCost, TeacherRows, TeacherScores
 from credo.teachers.context_cache import ContextCache
 from credo.teachers.ema import EMATeacher
 from credo.teachers.extras import attach_teacher_scores, teacher_extra_ids, teacher_loss_extras
-from credo.teachers.judge import Judge, JudgeCost, verdict_ids, verdict_scores
+from credo.teachers.judge import Judge, JudgeCost, verdict_ids, verdict_margins, verdict_scores
+from credo.teachers.judge_fit import JudgeExample, fit_judge, verdict_loss
 from credo.teachers.loading import (
     check_teacher_folder,
     check_tokenizers,
@@ -51,6 +52,7 @@ __all__ = [
     "EMATeacher",
     "Judge",
     "JudgeCost",
+    "JudgeExample",
     "PolicyTeacher",
     "ResponsePools",
     "Rubric",
@@ -67,6 +69,7 @@ __all__ = [
     "check_teacher_folder",
     "check_tokenizers",
     "combine_rewards",
+    "fit_judge",
     "load_teacher_policy",
     "make_teacher",
     "privileged_prompt_ids",
@@ -82,5 +85,7 @@ __all__ = [
     "teacher_names",
     "validate_teacher",
     "verdict_ids",
+    "verdict_loss",
+    "verdict_margins",
     "verdict_scores",
 ]

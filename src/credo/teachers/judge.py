@@ -39,6 +39,7 @@ __all__ = [
     "Judge",
     "JudgeCost",
     "verdict_ids",
+    "verdict_margins",
     "verdict_scores",
 ]
 
@@ -54,6 +55,17 @@ CHAT_TEMPLATE = (
 )
 
 
+def verdict_margins(logits: torch.Tensor, yes: Sequence[int], no: Sequence[int]) -> torch.Tensor:
+    """``[N]`` verdict log-odds ``logsumexp_{v∈Y} z_v − logsumexp_{v∈N} z_v`` from
+    next-token logits ``[N, V]`` (``yes``/``no``: the ids that spell each verdict; their
+    probabilities add up). :func:`verdict_scores` is its sigmoid; a judge is fitted
+    with the binary cross-entropy of it (:mod:`credo.teachers.judge_fit`)."""
+    if not yes or not no:
+        raise ValueError("verdict_scores needs at least one 'yes' and one 'no' token id")
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.logsumexp(z[:, list(yes)], dim=-1) - torch.logsumexp(z[:, list(no)], dim=-1)
+
+
 def verdict_scores(logits: torch.Tensor, yes: Sequence[int], no: Sequence[int]) -> torch.Tensor:
     """``[N]`` scores ``p_yes / (p_yes + p_no)`` from next-token logits.
 
@@ -62,12 +74,7 @@ def verdict_scores(logits: torch.Tensor, yes: Sequence[int], no: Sequence[int]) 
         yes: token ids that spell "yes" (their probabilities add up).
         no: token ids that spell "no".
     """
-    if not yes or not no:
-        raise ValueError("verdict_scores needs at least one 'yes' and one 'no' token id")
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    lse_yes = torch.logsumexp(z[:, list(yes)], dim=-1)
-    lse_no = torch.logsumexp(z[:, list(no)], dim=-1)
-    return torch.sigmoid(lse_yes - lse_no)
+    return torch.sigmoid(verdict_margins(logits, yes, no))
 
 
 def verdict_ids(
@@ -177,6 +184,10 @@ class Judge:
             return [int(i) for i in ids]
         return [int(i) for i in tok.encode(text, add_special_tokens=False)]
 
+    def clear_cache(self) -> None:
+        """Forget every cached score (after the judge's weights changed)."""
+        self._cache.clear()
+
     @staticmethod
     def _key(question: str, response: str, context: str) -> str:
         blob = "\x00".join((question, context, response)).encode()
@@ -228,31 +239,37 @@ class Judge:
         out = torch.empty(len(prompts), dtype=torch.float32)
         if not prompts:
             return out
-        policy, model = self.policy, self.policy.model
-        keep = _keep_arg(model)
+        model = self.policy.model
         was_training = model.training
         model.eval()
         try:
             for lo in range(0, len(prompts), self.micro_batch):
                 chunk = prompts[lo : lo + self.micro_batch]
-                width = max(len(p) for p in chunk)
-                ids = torch.full((len(chunk), width), policy.pad_id, dtype=torch.long)
-                attn = torch.zeros((len(chunk), width), dtype=torch.long)
-                for j, p in enumerate(chunk):
-                    ids[j, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-                    attn[j, width - len(p) :] = 1
-                pos = (attn.cumsum(-1) - 1).clamp(min=0)
-                dev = policy.device
-                logits = model(
-                    input_ids=ids.to(dev),
-                    attention_mask=attn.to(dev),
-                    position_ids=pos.to(dev),
-                    use_cache=False,
-                    **({keep: 1} if keep else {}),
-                ).logits[:, -1]
-                out[lo : lo + len(chunk)] = verdict_scores(logits, self.yes, self.no).cpu()
+                out[lo : lo + len(chunk)] = torch.sigmoid(self.margins(chunk)).cpu()
                 self.cost.forwards += 1
                 self.cost.tokens += sum(len(p) for p in chunk)
         finally:
             model.train(was_training)
         return out
+
+    def margins(self, prompts: list[list[int]]) -> torch.Tensor:
+        """``[N]`` verdict log-odds (:func:`verdict_margins`) of tokenised prompts in one
+        left-padded forward pass, with gradients where autograd is on (fitting)."""
+        policy, model = self.policy, self.policy.model
+        keep = _keep_arg(model)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), policy.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for j, p in enumerate(prompts):
+            ids[j, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+            attn[j, width - len(p) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        dev = policy.device
+        logits = model(
+            input_ids=ids.to(dev),
+            attention_mask=attn.to(dev),
+            position_ids=pos.to(dev),
+            use_cache=False,
+            **({keep: 1} if keep else {}),
+        ).logits[:, -1]
+        return verdict_margins(logits, self.yes, self.no)

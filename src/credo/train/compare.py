@@ -62,6 +62,9 @@ class RecipeSummary:
     delta: list[float] = field(default_factory=list)
     pass_hat_k: dict[str, list[float]] = field(default_factory=dict)
     health: dict[str, list[float]] = field(default_factory=dict)
+    #: held-out truth of the episodes' free text, seed by seed (``EvalResult.text_truth``;
+    #: empty where the env has none)
+    text_truth: list[float] = field(default_factory=list)
 
     @property
     def mean(self) -> float:
@@ -91,6 +94,7 @@ class RecipeSummary:
             "steps_to_reference": self.steps_to_reference,
             "pass_hat_k": self.pass_hat_k,
             "health": {k: statistics.fmean(v) for k, v in self.health.items()},
+            "text_truth": self.text_truth,
         }
 
 
@@ -144,8 +148,10 @@ def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
             cfg = Config.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
         train(cfg, resume=resume, quiet=True)
     warm = json.loads((run_dir / "warmstart.json").read_text())
+    final = json.loads(final_path.read_text())
     return {
-        "final": json.loads(final_path.read_text())["success_rate"],
+        "final": final["success_rate"],
+        "text_truth": final.get("text_truth"),
         "warm": (warm.get("eval") or {}).get("success_rate"),
         "metrics": read_metrics(run_dir / "metrics.jsonl"),
     }
@@ -239,6 +245,8 @@ def compare(
         s.final.append(res["final"])
         if res["warm"] is not None:
             s.warm.append(res["warm"])
+        if res["text_truth"] is not None:
+            s.text_truth.append(res["text_truth"])
         m = res["metrics"]
         s.curves.append([(r["rollout/env_steps_total"], r["rollout/success_rate"]) for r in m])
         s.iteration_s.append(statistics.fmean(r["time/iteration_s"] for r in m))
@@ -342,6 +350,7 @@ def _health(metrics: list[dict[str, Any]], smooth: int) -> dict[str, float]:
 
 def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
     health = _health_keys(summaries)
+    texts = any(s.text_truth for s in summaries)
     rows = []
     for s in summaries:
         rows.append(
@@ -364,9 +373,18 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
                     for k in health
                 ),
                 *(f"{statistics.fmean(v):.1%}" for v in s.pass_hat_k.values()),
+                *([_mean_sd(s.text_truth)] if texts else []),
             ]
         )
     return rows
+
+
+def _mean_sd(values: list[float]) -> str:
+    """``41.2% ± 3.0%`` over the seeds ("—" without values)."""
+    if not values:
+        return "—"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.1%} ± {sd:.1%}"
 
 
 def _signed_points(delta: list[float]) -> str:
@@ -389,10 +407,12 @@ def _per_seed_ratios(ratios: list[float | None]) -> str:
 
 
 def _columns(summaries: list[RecipeSummary]) -> list[str]:
-    """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for."""
+    """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for, and the
+    held-out text truth where the env knows it."""
     ks = list(summaries[0].pass_hat_k) if summaries else []
     health = [HEALTH_COLUMNS[k][0] for k in _health_keys(summaries)]
-    return [*COLUMNS, *health, *(f"held-out pass^{k}" for k in ks)]
+    texts = ["held-out text truth (mean ± sd)"] if any(s.text_truth for s in summaries) else []
+    return [*COLUMNS, *health, *(f"held-out pass^{k}" for k in ks), *texts]
 
 
 COLUMNS = [

@@ -11,7 +11,9 @@ after the rollouts (and any teacher reward route):
 
 1. finds each episode's free text: the env's ``free_text(action)`` of its last action
    (the ``tools`` env with ``closing=respond``: the message of ``respond{"message":
-   ...}``); the context the judge reads is the task's ``instruction()``;
+   ...}``); the context the judge reads is the task's ``instruction()``, followed with
+   ``judge.context=transcript`` by what the policy saw before each of its actions
+   (:func:`episode_transcript`: the tool results a message should report);
 2. scores all of them on every rubric item in one batched, cached judge call;
 3. combines the rubric reward with the env's on the episode's last step
    (:func:`combine_row_rewards`: ``add``, ``replace``, ``mix`` or ``gated``) before
@@ -59,6 +61,8 @@ __all__ = [
     "JudgeStep",
     "Judging",
     "combine_row_rewards",
+    "episode_transcript",
+    "judge_policy",
     "rank_auc",
 ]
 
@@ -124,6 +128,15 @@ def combine_row_rewards(
     out = reward.to(torch.float64) * scale
     out = out.index_add(0, leaves.long(), term)
     return out.to(reward.dtype)
+
+
+def episode_transcript(instruction: str, observations: Sequence[str]) -> str:
+    """The judge's context with ``judge.context=transcript``: the task's instruction,
+    then every observation the policy acted on, in order, each after a ``|``::
+
+        "<instruction> | <observation 0> | <observation 1> | ..."
+    """
+    return " | ".join([instruction, *observations])
 
 
 def rank_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
@@ -205,7 +218,7 @@ class Judging:
             versions = RubricEvolver.read_log(log)
             if versions:
                 rubric = Rubric.from_dict(versions[-1]["rubric"])
-        judge = Judge(_judge_policy(j.model, words, rubric, cfg.train.seed, device),
+        judge = Judge(judge_policy(j.model, words, rubric, cfg.train.seed, device),
                       micro_batch=j.micro_batch)  # fmt: skip
         evolver = RubricEvolver(
             rubric, j.proposer, log_path=log, max_items=j.max_items, **j.proposer_params
@@ -272,7 +285,13 @@ class Judging:
             if text is None:
                 continue
             texts.append(text)
-            contexts.append(env.instruction() if hasattr(env, "instruction") else "")
+            instruction = env.instruction() if hasattr(env, "instruction") else ""
+            if j.context == "transcript":
+                seen = (
+                    [forest.observations[int(r)] for r in ep.path(e)] if forest.observations else []
+                )
+                instruction = episode_transcript(instruction, seen)
+            contexts.append(instruction)
             where.append(e)
             truth.append(float(env.message_truth(text)) if hasattr(env, "message_truth") else None)
             task_ids.append(tasks[g].id)
@@ -336,16 +355,21 @@ class Judging:
         return out
 
 
-def _judge_policy(
-    model: str, words: Sequence[str], rubric: Rubric, seed: int, device: torch.device | str
+def judge_policy(
+    model: str,
+    words: Sequence[str],
+    rubric: Rubric,
+    seed: int,
+    device: torch.device | str,
+    size: TinyModelConfig = BUILTIN_JUDGE,
 ) -> HFPolicy:
-    """The judge's model: a fresh built-in model (``builtin``) over the env's words, the
-    prompt's and the rubric's, or an HF model (folder, alias or hub name)."""
+    """The judge's model: a fresh built-in model (``builtin``, of ``size``) over the
+    env's words, the prompt's and the rubric's, or an HF model (folder, alias or hub
+    name; a fitted built-in judge is a folder, :mod:`credo.teachers.judge_fit`)."""
     if model == "builtin":
         extra = PLAIN_TEMPLATE.replace("{", " ").replace("}", " ").split()
-        extra += ["yes", "no", "?"] + [w for it in rubric.items for w in it.question.split()]
-        policy = create_tiny_policy([*words, *extra], BUILTIN_JUDGE, seed=seed)
-        return policy
+        extra += ["yes", "no", "?", "|"] + [w for it in rubric.items for w in it.question.split()]
+        return create_tiny_policy([*words, *extra], size, seed=seed)
     from credo.policy.models import resolve_model
 
     return HFPolicy.from_pretrained(resolve_model(model), device=str(device))

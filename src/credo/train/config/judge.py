@@ -10,6 +10,10 @@ from credo.envs.base import make_env, resolve_env
 from credo.teachers.rubric import COMBINE_MODES, PROPOSERS, Rubric
 from credo.utils.registry import check_kwargs
 
+#: What the judge may read beside the free text (``judge.context``; the transcript is
+#: :func:`credo.train.judging.episode_transcript`).
+CONTEXTS = ("instruction", "transcript")
+
 __all__ = ["check_judge_config"]
 
 
@@ -25,7 +29,10 @@ def check_judge_config(cfg: Any) -> str | None:
         return None
     local = j.model != "builtin" and j.model.startswith((".", "/", "~"))
     if local and not Path(j.model).expanduser().exists():
-        return f"judge.model={j.model!r}: no such folder"
+        return (
+            f"judge.model={j.model!r}: no such folder (fit and save a judge with "
+            "benchmarks/serpo_agreement.py --fit-steps N --save DIR)"
+        )
     if j.rubric is not None:
         try:
             Rubric.load(j.rubric)
@@ -33,6 +40,8 @@ def check_judge_config(cfg: Any) -> str | None:
             return f"judge.rubric: {e}"
     if j.combine not in COMBINE_MODES:
         return f"judge.combine must be one of {', '.join(COMBINE_MODES)}, got {j.combine!r}"
+    if j.context not in CONTEXTS:
+        return f"judge.context must be one of {', '.join(CONTEXTS)}, got {j.context!r}"
     if not math.isfinite(j.coef) or j.coef < 0:
         return f"judge.coef must be a finite number ≥ 0, got {j.coef}"
     if j.combine == "mix" and j.coef > 1:

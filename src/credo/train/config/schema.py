@@ -637,6 +637,10 @@ class JudgeConfig:
             coef·rubric``), ``replace`` (``coef·rubric``; the env's rewards are
             dropped), ``mix`` (``(1−coef)·env + coef·rubric``) or ``gated`` (``env +
             coef·rubric`` only on episodes the env counts as solved).
+        context: what the judge reads beside the text: ``instruction`` (default: the
+            task's instruction, e.g. the ticket) or ``transcript`` (the instruction, then
+            every observation the policy acted on: the tool results a message should
+            report; :func:`credo.train.judging.episode_transcript`).
         micro_batch: prompts per judge forward pass (default 16).
         evolve_every: evolve the rubric every N iterations (default 0: never).
         proposer: who proposes rubric changes from contrasting pools: ``judge`` (default:
@@ -660,6 +664,7 @@ class JudgeConfig:
     rubric: str | None = None
     coef: float = 1.0
     combine: str = "add"
+    context: str = "instruction"
     micro_batch: int = 16
     evolve_every: int = 0
     proposer: str = "judge"
