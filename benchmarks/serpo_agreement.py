@@ -133,6 +133,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--width", type=int, default=64, help="a fitted built-in judge's width")
     ap.add_argument("--layers", type=int, default=2, help="... and its layers")
+    ap.add_argument("--heads", type=int, default=4, help="... and its attention heads")
+    ap.add_argument(
+        "--number-code", type=float, default=0.0,
+        help="... and its number-value code (0: every number its own token, so that $30 "
+        "and $35 look different)",
+    )  # fmt: skip
     ap.add_argument("--save", default=None, help="folder for the fitted judge and rubric")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -146,8 +152,8 @@ def main() -> None:
             print(f"judge={args.judge} rubric={name} context={args.context} {line}")
         return
     size = TinyModelConfig(
-        hidden_size=args.width, num_layers=args.layers, num_heads=4,
-        intermediate_size=2 * args.width,
+        hidden_size=args.width, num_layers=args.layers, num_heads=args.heads,
+        intermediate_size=2 * args.width, number_code=args.number_code,
     )  # fmt: skip
     judge = Judge(judge_policy(args.judge, words, FACT_RUBRIC, args.seed, "cpu", size))
     question = FACT_RUBRIC.items[0].question

@@ -22,7 +22,9 @@ from credo.pipeline import (
     run_pipeline,
 )
 from credo.pipeline.cli import main as pipeline_main
+from credo.pipeline.spec import changed_settings
 from credo.pipeline.trajectories import read_trajectories
+from credo.train.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 SPATIALCLI = ROOT / "pipelines" / "spatialcli.yaml"
@@ -106,6 +108,33 @@ def test_a_finished_stage_is_skipped_on_resume(tmp_path: Path) -> None:
         run_pipeline(changed, resume=True, quiet=True)
     with pytest.raises(PipelineError, match="holds no pipeline run to resume"):
         run_pipeline(load_pipeline(path, [f"runs_dir={tmp_path / 'other'}"]), resume=True)
+
+
+def test_digests_hash_the_settings_away_from_the_defaults() -> None:
+    default = {"a": 1, "b": {"c": 2, "d": None}, "e": [1]}
+    value = {"a": 1, "b": {"c": 3, "d": None}, "e": [1], "new": 5}
+    assert changed_settings(value, default) == {"b": {"c": 3}, "new": 5}
+    assert changed_settings({"b": {"c": 2, "d": {"x": 1}}}, default) == {"b": {"d": {"x": 1}}}
+    assert changed_settings([1], default) == [1] and changed_settings(value, None) == value
+
+
+def test_a_field_added_at_its_default_keeps_finished_stages_valid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later credo that adds a config field at its default
+    must not invalidate every finished stage: ``--resume`` would refuse them all."""
+    path = _write(tmp_path / "two.yaml", TWO_STAGES)
+    over = [f"runs_dir={tmp_path / 'runs'}"]
+    before = [s.digest for s in load_pipeline(path, over).stages]
+    plain = Config.to_dict
+    monkeypatch.setattr(Config, "to_dict", lambda self: {**plain(self), "later": {"knob": 1}})
+    assert [s.digest for s in load_pipeline(path, over).stages] == before
+    # a setting away from its default still changes the digest, and the later stage's
+    changed = [s.digest for s in load_pipeline(path, [*over, "train.seed=5"]).stages]
+    assert changed[0] != before[0] and changed[1] != before[1]
+    assert (
+        load_pipeline(path, [*over, "stages.second.params.scale=3"]).stages[1].digest != before[1]
+    )
 
 
 # ------------------------------------------------------------------- bad input

@@ -97,3 +97,9 @@ def test_cast_controls_is_cast_plus_its_controls(tmp_path: Path) -> None:
     assert extra["fixes_sft"].params.critique_text is False
     assert extra["rft_sft"].params.corrections_from == "none"
     assert extra["fixes_sft"].refs == extra["rft_sft"].refs == {"labels": "label", "policy": "rl"}
+    # critique SFT from the RL policy's own rollouts labelled, at the same budget
+    assert extra["label_rl"].refs == {"policy": "rl"}
+    assert extra["critique_sft_rl_labels"].refs == {"labels": "label_rl", "policy": "rl"}
+    main = {s.name: s for s in cast.stages}
+    assert extra["critique_sft_rl_labels"].params == main["critique_sft"].params
+    assert extra["eval_rl_labels"].refs == {"policy": "critique_sft_rl_labels"}

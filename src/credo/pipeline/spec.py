@@ -59,6 +59,36 @@ class PipelineError(ValueError):
     """A pipeline file or override is wrong; the message (one line) says what is accepted."""
 
 
+def changed_settings(value: Any, default: Any) -> Any:
+    """``value`` without the entries equal to ``default``'s, recursively through
+    mappings: what a config sets away from the defaults. A stage's digest hashes this,
+    so a field that a later credo adds at its default leaves finished stages valid for
+    ``--resume``, while any setting that differs still changes it."""
+    if not (isinstance(value, dict) and isinstance(default, dict)):
+        return value
+    return {
+        k: changed_settings(v, default[k]) if k in default else v
+        for k, v in value.items()
+        if k not in default or v != default[k]
+    }
+
+
+def _default_config() -> dict[str, Any]:
+    return Config().to_dict()
+
+
+def _params_and_defaults(params: Any) -> tuple[Any, Any]:
+    """A stage's params as a mapping, and its kind's defaults (``None`` if the params
+    have no default instance)."""
+    if not dataclasses.is_dataclass(params) or isinstance(params, type):
+        return params, None
+    try:
+        default = dataclasses.asdict(type(params)())
+    except TypeError:  # a field without a default
+        default = None
+    return dataclasses.asdict(params), default
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """One stage, resolved.
@@ -69,9 +99,10 @@ class StageSpec:
         cfg: its run config (recipe + the pipeline's overrides + its own), validated.
         refs: output name → the earlier stage it comes from (``{"policy": "sft"}``).
         params: the kind's parameters (its ``params`` dataclass, filled in).
-        digest: a hash of everything the stage's result depends on (its config, kind,
-            parameters and the digests of the stages it reads): a finished stage is
-            skipped on ``--resume`` only while it is unchanged.
+        digest: a hash of everything the stage's result depends on (its config's and
+            parameters' settings away from their defaults, :func:`changed_settings`; its
+            kind; the digests of the stages it reads): a finished stage is skipped on
+            ``--resume`` only while it is unchanged.
     """
 
     name: str
@@ -231,8 +262,8 @@ def _stage(
     digest = config_hash(
         {
             "kind": kind_name,
-            "cfg": cfg.to_dict(),
-            "params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params,
+            "cfg": changed_settings(cfg.to_dict(), _default_config()),
+            "params": changed_settings(*_params_and_defaults(params)),
             "upstream": upstream,
         }
     )
