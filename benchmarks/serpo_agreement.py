@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import _common  # noqa: F401  (puts the repository root on sys.path)
+import _common  # puts the repository root on sys.path; warm_policy
 import torch
 
 from credo.envs.base import Task
@@ -83,10 +83,31 @@ def messages(env: ToolsEnv, rng: random.Random) -> list[tuple[str, str]]:
     return out
 
 
-def rows(split: str, n: int, context: str, seed: int) -> list[tuple[str, str, str, float]]:
+def hard_messages(env: ToolsEnv, rng: random.Random) -> list[tuple[str, str]]:
+    """The oracle's message and its one-word corruptions (another item, colour or amount,
+    drawn afresh): the contrasts a judge must read the context for."""
+    good = env.oracle_message()
+    out = [("oracle", good)]
+    for f in env.message_facts():
+        if f[0] in ("refund", "credit"):
+            wrong = int(f[1]) + rng.choice([-10, -5, 5, 10])
+            out.append(("amount wrong", good.replace(f"$ {f[1]} ", f"$ {wrong} ", 1)))
+        if f[0] == "exchange":
+            other = rng.choice([c for c in COLORS if c != f[2]])
+            out.append(("colour wrong", good.replace(f" for {f[2]} ", f" for {other} ", 1)))
+        item = f[2] if f[0] in ("refund", "credit") else f[1]
+        other = rng.choice([i for i in ITEMS if i != item])
+        out.append(("item swapped", good.replace(f" {item} ", f" {other} ", 1)))
+    return out
+
+
+def rows(
+    split: str, n: int, context: str, seed: int, hard: int = 0
+) -> list[tuple[str, str, str, float]]:
     """``(kind, message, context, truth)`` for ``n`` tasks of ``split``: the oracle plays
     each episode up to its ``respond`` call; the context is what the judge reads in
-    training (:func:`episode_transcript` of the observations the oracle acted on)."""
+    training (:func:`episode_transcript` of the observations the oracle acted on).
+    ``hard``: that many more draws per task of :func:`hard_messages`."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -97,7 +118,38 @@ def rows(split: str, n: int, context: str, seed: int) -> list[tuple[str, str, st
         ctx = env.instruction()
         if context == "transcript":
             ctx = episode_transcript(ctx, seen)
-        out += [(kind, m, ctx, env.message_truth(m)) for kind, m in messages(env, rng)]
+        msgs = messages(env, rng) + [m for _ in range(hard) for m in hard_messages(env, rng)]
+        out += [(kind, m, ctx, env.message_truth(m)) for kind, m in msgs]
+    return out
+
+
+def policy_rows(
+    run_dir: str, split: str, n: int, context: str, seed: int
+) -> list[tuple[str, str, str, float]]:
+    """``(kind, message, context, truth)`` of the messages a run's warm start writes on
+    ``n`` tasks of ``split`` (2 episodes each; episodes that send none are left out): the
+    messages RL will start from, labelled with their hidden truth."""
+    import yaml
+
+    from credo.rollout import sample_groups
+    from credo.train.config import Config
+
+    cfg = Config.from_dict(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
+    run, policy = _common.warm_policy(cfg)
+    ctx = run.sampler_context(policy, generator=torch.Generator().manual_seed(seed))
+    out = []
+    for lo in range(0, n, 64):
+        tasks = [Task.make(split, i) for i in range(lo, min(n, lo + 64))]
+        for e in sample_groups(ctx, tasks, group_size=2).episodes:
+            env = run.make_env()
+            env.reset(tasks[e.group])
+            text = env.free_text(e.steps[-1].action) if e.steps else None
+            if text is None:
+                continue
+            c = env.instruction()
+            if context == "transcript":
+                c = episode_transcript(c, [st.observation for st in e.steps])
+            out.append(("policy", text, c, env.message_truth(text)))
     return out
 
 
@@ -129,6 +181,15 @@ def main() -> None:
     ap.add_argument("--context", choices=("instruction", "transcript"), default="instruction")
     ap.add_argument("--fit-steps", type=int, default=0, help="fit the judge first (0: no)")
     ap.add_argument("--fit-tasks", type=int, default=1500, help="training tasks to fit on")
+    ap.add_argument(
+        "--hard", type=int, default=0,
+        help="more draws per training task of the oracle and its one-word corruptions",
+    )  # fmt: skip
+    ap.add_argument(
+        "--rollouts", default=None,
+        help="a run folder: also fit on its warm start's own messages on training tasks",
+    )  # fmt: skip
+    ap.add_argument("--rollout-tasks", type=int, default=1500)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--width", type=int, default=64, help="a fitted built-in judge's width")
@@ -157,7 +218,15 @@ def main() -> None:
     )  # fmt: skip
     judge = Judge(judge_policy(args.judge, words, FACT_RUBRIC, args.seed, "cpu", size))
     question = FACT_RUBRIC.items[0].question
-    train = rows("train", args.fit_tasks, args.context, args.seed + 1)
+    train = rows("train", args.fit_tasks, args.context, args.seed + 1, args.hard)
+    own_test: list[tuple[str, str, str, float]] = []
+    if args.rollouts:
+        own = policy_rows(args.rollouts, "train", args.rollout_tasks, args.context, args.seed)
+        print(f"warm start's messages: {len(own)} ({sum(t >= 1 for *_, t in own)} true)")
+        train += own
+        own_test = policy_rows(args.rollouts, "test", args.tasks, args.context, args.seed)
+        print(f"before fitting, the warm start's held-out messages: "
+              f"{agreement(judge, FACT_RUBRIC, own_test)}")  # fmt: skip
     examples = [JudgeExample(question, c, m, t) for _, m, c, t in train]
     print(f"before fitting: {agreement(judge, FACT_RUBRIC, test)}")
     t0 = time.perf_counter()
@@ -169,6 +238,10 @@ def main() -> None:
         mins = (time.perf_counter() - t0) / 60
         print(f"after {done + steps} steps ({mins:.1f} min, loss {sum(losses[-50:]) / len(losses[-50:]):.3f}): "
               f"{agreement(judge, FACT_RUBRIC, test)}")  # fmt: skip
+        if own_test:
+            print(
+                f"  the warm start's held-out messages: {agreement(judge, FACT_RUBRIC, own_test)}"
+            )
     if args.save:  # written aside, then renamed into place: never half-written
         out = Path(args.save)
         tmp = temp_path(out)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -132,6 +134,14 @@ def test_tools_respond_closing_states_the_facts_and_reports_its_truth() -> None:
     assert not plain.offers_free_text() and 'bye"' not in plain.vocabulary()
 
 
+def _ticket() -> tuple[ToolsEnv, Task, str]:
+    """The env reset on training task 0, that task, and the oracle's message for it."""
+    env = _tools()
+    task = Task("train", 0)
+    env.reset(task)
+    return env, task, env.oracle_message()
+
+
 def _forest(env: ToolsEnv, leaf_actions: list[str], rewards: list[float]) -> RolloutForest:
     """One group, one episode per leaf action: root check_policy → leaf action."""
     n = len(leaf_actions)
@@ -158,10 +168,7 @@ def _judging(env: ToolsEnv, judge: FixedJudge, rubric: Rubric, tmp: Path, **kw) 
 def test_judging_rewards_the_message_on_the_last_step_and_measures_agreement(
     tmp_path: Path,
 ) -> None:
-    env = _tools()
-    task = Task("train", 0)
-    env.reset(task)
-    good = env.oracle_message()
+    env, task, good = _ticket()
     (op,) = env.goal_ops()
     item = env.orders[op[1]].item
     vague = f"resolved : refund for the {item} ; bye"  # no amount: truth 0
@@ -192,10 +199,7 @@ def test_judging_rewards_the_message_on_the_last_step_and_measures_agreement(
 def test_the_transcript_context_is_the_instruction_then_what_the_policy_acted_on(
     tmp_path: Path,
 ) -> None:
-    env = _tools()
-    task = Task("train", 0)
-    env.reset(task)
-    good = env.oracle_message()
+    env, task, good = _ticket()
     assert episode_transcript("ticket", ["a", "b ; c"]) == "ticket | a | b ; c"
     # root row observed "ticket open", the leaf (the respond call) the policy's result
     forest = RolloutForest.from_columns(
@@ -217,10 +221,7 @@ def test_the_transcript_context_is_the_instruction_then_what_the_policy_acted_on
 
 
 def test_rubric_evolution_on_fixed_pools_with_the_contrast_proposer(tmp_path: Path) -> None:
-    env = _tools()
-    task = Task("train", 0)
-    env.reset(task)
-    good = env.oracle_message()
+    env, task, good = _ticket()
     (op,) = env.goal_ops()
     item = env.orders[op[1]].item
     bad = f"resolved : refund $ {op[2]} for the order ; bye"  # the item is missing
@@ -289,6 +290,32 @@ def test_judge_section_checks(tmp_path: Path) -> None:
     cfg = load_config("grpo", [*tools, "judge.model=builtin", "judge.combine=gated"])
     assert cfg.judge.enabled and cfg.judge.combine == "gated"
     assert not load_config("grpo").judge.enabled
+
+
+def test_a_fitted_judge_is_saved_and_loaded_as_judge_model(tmp_path: Path) -> None:
+    """``benchmarks/serpo_agreement.py --fit-steps N --save DIR`` writes a judge that
+    ``examples/serpo_tools.yaml`` takes as ``judge.model``/``judge.rubric`` and scores with
+    the transcript context: the path a user follows, end to end."""
+    out = tmp_path / "judge"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serpo_agreement.py"), "--judge", "builtin",
+         "--context", "transcript", "--tasks", "3", "--fit-tasks", "6", "--fit-steps", "5",
+         "--batch", "4", "--width", "16", "--heads", "2", "--save", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "after 5 steps" in proc.stdout and f"judge.model={out}" in proc.stdout
+    assert (out / "model.safetensors").exists() and not list(tmp_path.glob(".*tmp"))
+    cfg = load_config(str(ROOT / "examples" / "serpo_tools.yaml"),
+                      [f"judge.model={out}", f"judge.rubric={out / 'rubric.yaml'}"])  # fmt: skip
+    assert cfg.judge.context == "transcript" and cfg.judge.combine == "add"
+    judging = Judging.from_run(cfg, lambda: ToolsEnv("easy", closing="respond"), tmp_path)
+    assert judging is not None and len(judging.rubric.items) == 1
+    env = ToolsEnv("easy", closing="respond")
+    env.reset(Task("test", 0))
+    s = judging.judge.scores([judging.rubric.items[0].question], [env.oracle_message()],
+                             [episode_transcript(env.instruction(), ["ticket open"])])  # fmt: skip
+    assert 0.0 < float(s[0]) < 1.0
 
 
 # ------------------------------------------------------------ end to end
