@@ -12,13 +12,15 @@ The judge reads the ticket (``--context instruction``) or the episode's transcri
 (``--context transcript``: the ticket and the tool results, where the amounts are).
 With ``--fit-steps N`` the judge is first fitted (:func:`credo.teachers.fit_judge`) on
 the same kinds of messages for ``--fit-tasks`` *training* tasks, labelled with their
-hidden truth, on the one-question ``fact`` rubric; ``--save DIR`` writes the fitted judge
-and that rubric (``DIR/rubric.yaml``) for ``judge.model=DIR judge.rubric=DIR/rubric.yaml``.
+hidden truth, on the one-question ``fact`` rubric, and with ``--rollouts RUN`` on the
+messages that run's warm start writes itself (the judge that beat chance on the policy's
+messages, docs/rewards.md); ``--save DIR`` writes the fitted judge and that rubric
+(``DIR/rubric.yaml``) for ``judge.model=DIR judge.rubric=DIR/rubric.yaml``.
 
     PYTHONPATH=src python benchmarks/serpo_agreement.py --judge smollm2-135m --tasks 20
     PYTHONPATH=src python benchmarks/serpo_agreement.py --judge builtin
     PYTHONPATH=src python benchmarks/serpo_agreement.py --judge builtin --context transcript \
-        --fit-steps 3000 --save runs/judge-tools
+        --rollouts runs/cmp-serpo/grpo-seed0 --fit-steps 3000 --save runs/judge-tools
 
 (``builtin`` unfitted: an untrained built-in model, the chance baseline.)
 """

@@ -93,15 +93,14 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
 def _eval_table(title: str, rows: list[tuple[str, Any]]) -> Any:
     """The held-out table of ``(label, EvalResult)`` rows; a "text truth" column where
     the env knows the truth of the episodes' free text (``EvalResult.text_truth``)."""
-    texts = any(getattr(ev, "text_truth", None) is not None for _, ev in rows)
+    texts = any(ev.text_truth is not None for _, ev in rows)
     columns = ["policy", "success", "95% CI", "return", "invalid actions", "turns"]
     body = []
     for label, ev in rows:
         row = [label, f"{ev.success_rate:.1%}", f"[{ev.ci_low:.1%}, {ev.ci_high:.1%}]",
                f"{ev.mean_return:.3f}", f"{ev.invalid_rate:.1%}", f"{ev.mean_turns:.2f}"]  # fmt: skip
         if texts:
-            truth = getattr(ev, "text_truth", None)
-            row.append("—" if truth is None else f"{truth:.1%}")
+            row.append("—" if ev.text_truth is None else f"{ev.text_truth:.1%}")
         body.append(row)
     return _table(title, [*columns, "text truth"] if texts else columns, body)
 

@@ -61,7 +61,7 @@ def verdict_margins(logits: torch.Tensor, yes: Sequence[int], no: Sequence[int])
     probabilities add up). :func:`verdict_scores` is its sigmoid; a judge is fitted
     with the binary cross-entropy of it (:mod:`credo.teachers.judge_fit`)."""
     if not yes or not no:
-        raise ValueError("verdict_scores needs at least one 'yes' and one 'no' token id")
+        raise ValueError("verdict_margins needs at least one 'yes' and one 'no' token id")
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return torch.logsumexp(z[:, list(yes)], dim=-1) - torch.logsumexp(z[:, list(no)], dim=-1)
 

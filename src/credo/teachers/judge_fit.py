@@ -11,8 +11,9 @@ verdict::
 
     L = −[y·log σ(d) + (1 − y)·log(1 − σ(d))]    (mean over the batch)
 
-Only the verdict's two sets of logits are trained, through the judge's own prompt, so
-the fitted model is scored exactly as before (:meth:`Judge.scores`). Labels come from
+The loss reads only the verdict's two sets of logits, after the judge's own prompt
+(every weight of the model is trained), so the fitted model is scored exactly as before
+(:meth:`Judge.scores`). Labels come from
 where the truth is known: in credo's ``tools`` env, the hidden truth of messages on
 *training* tasks (``benchmarks/serpo_agreement.py --fit-steps``); the judge is then
 measured and used on held-out tasks it never saw.
