@@ -14,7 +14,9 @@ resume; an interrupted RL run continues from its last checkpoint):
    ``sft``; cached by config hash like every warm start).
 3. ``warm-eval``: the warm start on the same held-out tasks.
 4. ``rl-RECIPE`` for each ``--recipes``: ``credo train`` from that warm start (LoRA
-   adapters on the merged warm start when ``--lora-r`` > 0), then the same evaluation.
+   adapters on the merged warm start when ``--lora-r`` > 0; with ``--rl-lora-r R``, a
+   fully fine-tuned warm start and rank-R adapters for RL only, the RL run then
+   evaluating its starting model again), then the same evaluation.
 
 Every phase uses one config (``--tasks``, ``--group``, sampling, history, the response
 cap), so the evaluations differ only by the policy. Extra ``key=value`` arguments are
@@ -70,7 +72,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--tasks", type=int, default=8, help="tasks per RL iteration (8)")
     ap.add_argument("--group", type=int, default=4, help="episodes per task (4)")
-    ap.add_argument("--rl-lr", type=float, default=None, help="default 1e-5 full, 1e-4 LoRA")
+    ap.add_argument(
+        "--rl-lora-r",
+        type=int,
+        default=0,
+        help="LoRA rank of the RL phases only, on the fully fine-tuned warm start "
+        "(default 0: RL trains what the warm start trained; exclusive with --lora-r)",
+    )
+    ap.add_argument(
+        "--rl-lr", type=float, default=None, help="default 1e-5 full, 1e-4 LoRA (either flag)"
+    )
     ap.add_argument("--eval-episodes", type=int, default=500, help="held-out tasks (500)")
     ap.add_argument(
         "--zero-shot-episodes",
@@ -89,9 +100,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         ap.error(f"overrides are key=value, got {bad[0]!r}")
+    if args.lora_r > 0 and args.rl_lora_r > 0:
+        ap.error(
+            "--rl-lora-r adds adapters to a fully fine-tuned warm start; with --lora-r "
+            "every phase already trains adapters: give one of them"
+        )
     lora = args.lora_r > 0
     args.sft_lr = args.sft_lr if args.sft_lr is not None else (5e-4 if lora else 1e-4)
-    args.rl_lr = args.rl_lr if args.rl_lr is not None else (1e-4 if lora else 1e-5)
+    rl_lora = lora or args.rl_lora_r > 0
+    args.rl_lr = args.rl_lr if args.rl_lr is not None else (1e-4 if rl_lora else 1e-5)
     return args
 
 
@@ -127,6 +144,28 @@ def base_overrides(args: argparse.Namespace) -> list[str]:
     if "model.dtype" not in given and "model.mixed_precision" not in given and _cpu_bf16(args):
         out.append("model.mixed_precision=bf16")
     return out + list(args.overrides)
+
+
+def rl_adapters(args: argparse.Namespace, out: Path) -> list[str]:
+    """With ``--rl-lora-r``, the RL phases' extra overrides: the warm start's cached folder
+    as the model (from ``out/sft.json``'s key), no SFT, and fresh LoRA adapters on it (the
+    run then evaluates that model first, as its own warm start); else none."""
+    if args.rl_lora_r <= 0:
+        return []
+    from credo.utils.cache import cache_dir
+
+    key = json.loads((out / "sft.json").read_text())["key"]
+    folder = cache_dir() / "warmstart" / key / "policy"
+    if not folder.is_dir():
+        raise SystemExit(
+            f"the warm start's cached folder {folder} is gone; remove {out / 'sft.json'} "
+            "and run the same command again (the SFT phase then runs again)"
+        )
+    return [
+        f"model.name={folder}",
+        "sft.enabled=false",
+        f"model.lora={{r: {args.rl_lora_r}, alpha: {2 * args.rl_lora_r}}}",
+    ]
 
 
 def _cpu_bf16(args: argparse.Namespace) -> bool:
@@ -237,6 +276,7 @@ def run_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             recipe,
             [
                 *common,
+                *rl_adapters(args, out),
                 f"train.iterations={args.iterations}",
                 f"train.runs_dir={out}",
                 f"train.name={phase}",

@@ -356,7 +356,7 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
         rows.append(
             [
                 s.recipe,
-                f"{s.mean:.1%} ± {s.spread:.1%}",
+                _mean_sd(s.final),
                 f"{s.median:.1%}",
                 " ".join(f"{v:.1%}" for v in s.final),
                 _signed_points(s.delta),
@@ -380,7 +380,8 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
 
 
 def _mean_sd(values: list[float]) -> str:
-    """``41.2% ± 3.0%`` over the seeds ("—" without values)."""
+    """``41.2% ± 3.0%``: mean ± sample sd over the seeds ("—" without values); the
+    success and text-truth columns of the table."""
     if not values:
         return "—"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0

@@ -1,0 +1,90 @@
+"""benchmarks/llm_learns.py's options and benchmarks/llm_item_choice.py's probe, checked
+on the built-in model (no SmolLM2 needed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import llm_item_choice
+import llm_learns
+
+from credo.train.config import load_config
+from credo.train.run import build_run
+
+
+def test_rl_lora_r_is_exclusive_with_lora_r(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        llm_learns.parse_args(["--lora-r", "8", "--rl-lora-r", "8"])
+    assert exc.value.code == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_rl_lora_r_keeps_a_full_warm_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = llm_learns.parse_args(["--rl-lora-r", "8"])
+    assert (args.sft_lr, args.rl_lr) == (1e-4, 1e-4)  # full-FT SFT rate, LoRA RL rate
+    common = llm_learns.base_overrides(args)
+    assert not any(o.startswith("model.lora=") for o in common)  # the SFT stays full
+    monkeypatch.setenv("CREDO_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "sft.json").write_text(json.dumps({"key": "abc123"}))
+    with pytest.raises(SystemExit, match=r"cached folder .* is gone"):
+        llm_learns.rl_adapters(args, tmp_path)
+    (tmp_path / "cache" / "warmstart" / "abc123" / "policy").mkdir(parents=True)
+    extra = llm_learns.rl_adapters(args, tmp_path)
+    assert extra == [
+        f"model.name={tmp_path / 'cache' / 'warmstart' / 'abc123' / 'policy'}",
+        "sft.enabled=false",
+        "model.lora={r: 8, alpha: 16}",
+    ]
+    cfg = load_config("grpo", [*common, *extra])
+    assert cfg.model.lora is not None and cfg.model.lora.r == 8 and not cfg.sft.enabled
+    assert llm_learns.rl_adapters(llm_learns.parse_args([]), tmp_path) == []
+
+
+def test_cheapest_title_rule_by_hand() -> None:
+    page = "results : 1 red wool hat $70 ; 2 red wool hat $35 ; 3 red silk hat $20"
+    assert llm_item_choice._cheapest_title_is(page, "search[red wool hat]", 2)
+    assert not llm_item_choice._cheapest_title_is(page, "search[red wool hat]", 3)
+    assert not llm_item_choice._cheapest_title_is(page, "search[blue wool hat]", 2)
+
+
+def test_results_pages_and_probe_on_the_builtin_model() -> None:
+    run = build_run(load_config("grpo", ["env.kwargs.difficulty=default"]))
+    try:
+        pages = llm_item_choice.results_pages(run, 12)
+        assert all(1 <= rank <= 3 for _, rank, _ in pages)  # behind 2 price distractors
+        assert all(rule for _, _, rule in pages)  # the distractors are over the budget
+        out = llm_item_choice.probe(run.policy, run.renderer, pages)
+        assert sum(out["p_rank"]) == pytest.approx(1.0, abs=1e-9)
+        # P(right item): the mean over pages of the right rank's probability, here
+        # recomputed one reply at a time (no padding)
+        by_hand = 0.0
+        with torch.no_grad():
+            for prompt, rank, _ in pages:
+                scores = []
+                for k in range(1, 6):
+                    ids = torch.tensor([prompt + run.renderer.response_ids(f"click[{k}]")])
+                    lp = run.policy.logprobs(ids, torch.ones_like(ids))
+                    scores.append(float(lp[0, len(prompt) :].sum()))
+                p = torch.softmax(torch.tensor(scores, dtype=torch.float64), 0)
+                by_hand += float(p[rank - 1])
+        assert out["p_right"] == pytest.approx(by_hand / len(pages), abs=1e-5)
+        assert 0.0 <= out["argmax_right"] <= 1.0
+    finally:
+        run.close()
+
+
+def test_item_choice_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert llm_item_choice.parse_args(["--steps", "0"]).steps == 0  # probe the model as given
+    with pytest.raises(SystemExit) as exc:
+        llm_item_choice.parse_args(["--steps", "-1"])
+    assert exc.value.code == 2 and "--steps must be at least 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        llm_item_choice.parse_args(["oops"])
+    assert "key=value" in capsys.readouterr().err
