@@ -168,6 +168,14 @@ def rl_adapters(args: argparse.Namespace, out: Path) -> list[str]:
     ]
 
 
+def same_settings(saved: dict[str, Any], settings: dict[str, Any]) -> bool:
+    """Whether a results folder's saved settings are ``settings``; an option newer than
+    the folder counts as its default there (a folder from before ``--rl-lora-r`` still
+    resumes without it)."""
+    defaults = vars(parse_args([]))
+    return {**{k: defaults.get(k) for k in settings if k not in saved}, **saved} == settings
+
+
 def _cpu_bf16(args: argparse.Namespace) -> bool:
     """Mixed precision by default on a CPU with bfloat16 matrix units (AMX/AVX-512)."""
     device = next(
@@ -436,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     # the recipes may change between calls (each has its own phase); nothing else may
     settings = {k: v for k, v in vars(args).items() if k not in ("phase", "recipes")}
     saved = out / "settings.json"
-    if saved.exists() and json.loads(saved.read_text()) != settings:
+    if saved.exists() and not same_settings(json.loads(saved.read_text()), settings):
         raise SystemExit(
             f"{out} holds a run with other settings ({saved}); pass another --out or remove it"
         )

@@ -88,3 +88,11 @@ def test_item_choice_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         llm_item_choice.parse_args(["oops"])
     assert "key=value" in capsys.readouterr().err
+
+
+def test_a_results_folder_from_before_a_new_option_still_resumes() -> None:
+    settings = {k: v for k, v in vars(llm_learns.parse_args([])).items() if k != "recipes"}
+    older = {k: v for k, v in settings.items() if k != "rl_lora_r"}  # saved before the option
+    assert llm_learns.same_settings(older, settings)
+    assert not llm_learns.same_settings(older, settings | {"rl_lora_r": 8})
+    assert not llm_learns.same_settings(settings | {"iterations": 3}, settings)
