@@ -32,13 +32,11 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from _common import print_table
 
-HERE = Path(__file__).resolve()
 RANKS = 5
 
 
@@ -199,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         run.close()
     print_table(
-        f"{args.model}: the item opened on {args.tasks} held-out shop/default results pages, "
+        f"{args.model}: the item opened on {args.tasks} held-out "
+        f"shop/{cfg.env.kwargs.get('difficulty', 'default')} results pages, "
         f"along SFT (lr {args.lr:g}, {args.batch} rows per step)",
         ["SFT step", "P(right item)", "argmax right", "P(rank 1 2 3)", "SFT loss", "minutes"],
         table,
