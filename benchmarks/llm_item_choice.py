@@ -101,21 +101,15 @@ def _cheapest_title_is(page: str, search: str, rank: int) -> bool:
 def probe(policy: Any, renderer: Any, pages: list[tuple[list[int], int, bool]]) -> dict[str, Any]:
     """Probabilities of the replies ``click[1..5]`` on every page (normalised over the
     five), averaged: the right one's, the greedy accuracy, and those of ranks 1–3."""
+    from credo.train.sft import pad_rows
+
     policy.model.eval()
     replies = [renderer.response_ids(f"click[{k}]") for k in range(1, RANKS + 1)]
     right, argmax_right, per_rank = 0.0, 0, [0.0] * RANKS
     for prompt, rank, _ in pages:
-        rows = [prompt + r for r in replies]
-        width = max(map(len, rows))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for j, row in enumerate(rows):
-            ids[j, : len(row)] = torch.tensor(row)
-            mask[j, : len(row)] = 1
-        lp = policy.logprobs(ids, mask)  # [5, width]: log-prob of each token given the rest
-        totals = torch.stack(
-            [lp[j, len(prompt) : len(prompt) + len(r)].sum() for j, r in enumerate(replies)]
-        )
+        ids, attn, target = pad_rows([(prompt, r) for r in replies], policy.pad_id)
+        lp = policy.score(ids, attn, scored=target).logprobs  # [5, L], 0 off the replies
+        totals = (lp * target.to(lp.device)).sum(dim=1)  # each reply's log-probability
         p = torch.softmax(totals.double(), dim=0)
         right += float(p[rank - 1])
         argmax_right += int(int(p.argmax()) == rank - 1)

@@ -38,7 +38,7 @@ from credo.rollout.envguard import (
 from credo.rollout.group import read_instruction
 from credo.rollout.render import Renderer, Turn
 
-__all__ = ["Demonstrations", "SFTStats", "collect_demonstrations", "sft_train"]
+__all__ = ["Demonstrations", "SFTStats", "collect_demonstrations", "pad_rows", "sft_train"]
 
 
 @dataclass
@@ -202,7 +202,10 @@ class SFTStats:
     tokens: int
 
 
-def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+def pad_rows(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """``(ids, attention, target)``, each ``[B, L]``: the ``(prompt_ids, response_ids)``
+    rows concatenated and right-padded with ``pad_id``; ``target`` marks the response
+    tokens (the ones SFT learns, and the ones to score)."""
     width = max(len(p) + len(r) for p, r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.bool)
@@ -267,7 +270,7 @@ def sft_train(
             rng.shuffle(fresh)
             order.extend(fresh)
         idx, order = order[:batch_size], order[batch_size:]
-        ids, attn, target = _batch([rows[i] for i in idx], policy.pad_id)
+        ids, attn, target = pad_rows([rows[i] for i in idx], policy.pad_id)
         lp = policy.score(ids, attn, scored=target).logprobs
         mask = target.to(lp.device)
         loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
