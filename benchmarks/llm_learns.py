@@ -176,6 +176,38 @@ def same_settings(saved: dict[str, Any], settings: dict[str, Any]) -> bool:
     return {**{k: defaults.get(k) for k in settings if k not in saved}, **saved} == settings
 
 
+def check_warm_start(out: Path, key: str) -> str | None:
+    """Keep a results folder's rows about one warm start.
+
+    ``sft.json`` records the key of the warm start it made (a hash of its settings and of
+    credo's SFT, prompt and env code). When these settings and this credo give another
+    key (e.g. after a ``git pull``), the RL phases would train a new warm start inside
+    their own minutes while the table showed the old one's evaluation. So ``sft.json``
+    and ``warm-eval.json`` are removed, to be redone, and the line saying so is returned;
+    ``None`` when the key is the same or nothing is saved yet. An RL phase already begun
+    from the old warm start would make the rows a mix: that stops with one line.
+    """
+    sft = out / "sft.json"
+    if not sft.exists():
+        return None
+    old = json.loads(sft.read_text()).get("key")
+    if old == key:
+        return None
+    begun = sorted(p.name for p in out.glob("rl-*"))
+    if begun:
+        raise SystemExit(
+            f"{out}: its warm start ({old}) is not the one these settings and this credo "
+            f"make ({key}: the SFT, prompt or env code changed), and {begun[0]} began from "
+            "the old one; pass another --out, or remove the folder to redo it"
+        )
+    for name in ("sft.json", "warm-eval.json"):
+        (out / name).unlink(missing_ok=True)
+    return (
+        f"{out}: the warm start changed ({old} -> {key}: credo's SFT, prompt or env code "
+        "differs); redoing sft and warm-eval"
+    )
+
+
 def _cpu_bf16(args: argparse.Namespace) -> bool:
     """Mixed precision by default on a CPU with bfloat16 matrix units (AMX/AVX-512)."""
     device = next(
@@ -433,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{args.phase}.part.json").write_text(json.dumps(result))
         return 0
     from credo.train.config import ConfigError, load_config
+    from credo.train.warmstart import warm_start_key
 
     try:  # a bad override or recipe stops here, in one line, before any compute
         for recipe in ["grpo", *(r for r in args.recipes.split(",") if r)]:
@@ -450,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     saved.write_text(json.dumps(settings, indent=1))
     print("python benchmarks/llm_learns.py " + " ".join(shlex.quote(a) for a in argv), flush=True)
+    changed = check_warm_start(out, warm_start_key(load_config("grpo", base_overrides(args))))
+    if changed:
+        print(changed, flush=True)
     results: dict[str, dict[str, Any]] = {}
     phases = ["zero-shot", "sft", "warm-eval"]
     phases += [f"rl-{r}" for r in args.recipes.split(",") if r]

@@ -96,3 +96,38 @@ def test_a_results_folder_from_before_a_new_option_still_resumes() -> None:
     assert llm_learns.same_settings(older, settings)
     assert not llm_learns.same_settings(older, settings | {"rl_lora_r": 8})
     assert not llm_learns.same_settings(settings | {"iterations": 3}, settings)
+
+
+def test_a_changed_warm_start_is_redone_not_mixed(tmp_path: Path) -> None:
+    """A results folder whose sft.json names another warm start than these settings and
+    this credo make (SFT, prompt or env code changed since) must not keep its rows: before
+    the check, the RL phase silently trained a new warm start while the table showed the
+    old one's evaluation."""
+    assert llm_learns.check_warm_start(tmp_path, "new") is None  # nothing saved yet
+    (tmp_path / "sft.json").write_text(json.dumps({"phase": "sft", "key": "new"}))
+    (tmp_path / "warm-eval.json").write_text("{}")
+    assert llm_learns.check_warm_start(tmp_path, "new") is None  # same warm start: kept
+    assert (tmp_path / "warm-eval.json").exists()
+    line = llm_learns.check_warm_start(tmp_path, "newer")
+    assert line is not None and "new -> newer" in line and "redoing sft and warm-eval" in line
+    assert not (tmp_path / "sft.json").exists() and not (tmp_path / "warm-eval.json").exists()
+    (tmp_path / "sft.json").write_text(json.dumps({"phase": "sft", "key": "old"}))
+    (tmp_path / "rl-grpo").mkdir()  # an RL phase begun from the old warm start
+    with pytest.raises(SystemExit, match="rl-grpo began from the old one"):
+        llm_learns.check_warm_start(tmp_path, "newer")
+    assert (tmp_path / "sft.json").exists()  # nothing removed
+
+
+def test_the_parent_and_the_sft_phase_compute_one_warm_start_key() -> None:
+    """main() compares sft.json's key with warm_start_key of the grpo config; every RL
+    recipe's config must give that key too, or its phase would redo the SFT."""
+    from credo.train.warmstart import warm_start_key
+
+    args = llm_learns.parse_args(["--sft-steps", "7"])
+    keys = {
+        warm_start_key(load_config(r, llm_learns.base_overrides(args)))
+        for r in ("grpo", "gigpo", "rloo", "proas")
+    }
+    assert len(keys) == 1
+    other = llm_learns.parse_args(["--sft-steps", "8"])
+    assert warm_start_key(load_config("grpo", llm_learns.base_overrides(other))) not in keys
