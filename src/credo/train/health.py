@@ -5,8 +5,10 @@ Two signs that a run is learning nothing, read from each iteration's metrics rec
 
 - **no learning signal**: ``credit/zero_adv_frac`` = 1, every step's advantage is 0, so
   the policy-gradient loss and its gradient are 0. With group-relative estimators this
-  happens when every episode of every group has the same return: all fail (the policy
-  never succeeds) or all succeed, or the env's reward never varies;
+  happens when every episode of a group has the same return: all fail (the policy
+  never succeeds), all succeed, or each task's episodes agree while tasks differ (a
+  near-deterministic policy, groups too small to sample its alternatives), or the env's
+  reward never varies;
 - **the env rejects the model's actions**: ``rollout/invalid_rate`` ≥ 95 %.
 
 :class:`HealthMonitor` counts consecutive iterations showing a sign and, after
@@ -35,7 +37,9 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def diagnose(record: dict[str, Any], cfg: Any = None) -> dict[str, str]:
+def diagnose(
+    record: dict[str, Any], cfg: Any = None, success_range: tuple[float, float] | None = None
+) -> dict[str, str]:
     """The signs of a dead run in one metrics record, each with its likely causes.
 
     Args:
@@ -43,6 +47,10 @@ def diagnose(record: dict[str, Any], cfg: Any = None) -> dict[str, str]:
             ``rollout/success_rate``).
         cfg: the run config, when known (it sharpens the causes: no warm start, a built-in
             or chat model).
+        success_range: the lowest and highest ``rollout/success_rate`` over the iterations
+            the sign has lasted (default: this record's alone). The causes of "all
+            advantages are 0" depend on it: all failing, all succeeding, or each task's
+            group of one outcome while tasks differ.
 
     Returns:
         ``{"zero_advantages": text, "invalid_actions": text}`` for the signs present.
@@ -51,6 +59,7 @@ def diagnose(record: dict[str, Any], cfg: Any = None) -> dict[str, str]:
     sft_off = cfg is not None and not cfg.sft.enabled
     builtin = cfg is None or cfg.model.name is None
     success = float(record.get("rollout/success_rate", 0.0))
+    lo, hi = success_range if success_range is not None else (success, success)
     if float(record.get("rollout/invalid_rate", 0.0)) >= INVALID_THRESHOLD:
         causes = [
             "step() rejects the text it receives: actions reach it detokenised, words and "
@@ -75,21 +84,35 @@ def diagnose(record: dict[str, Any], cfg: Any = None) -> dict[str, str]:
         )
         out["invalid_actions"] = "; ".join(causes)
     if float(record.get("credit/zero_adv_frac", 0.0)) >= ZERO_ADV_THRESHOLD:
-        if success <= 0.0:
-            what = "no episode succeeds, so every group's returns are equal (all 0)"
-        elif success >= 1.0:
-            what = "every episode succeeds, so there is nothing left to prefer"
+        single = "rollout.group_size=1 with a group-relative estimator"
+        if hi <= 0.0:
+            out["zero_advantages"] = (
+                "no episode succeeds, so every group's returns are equal (all 0): the loss "
+                "and its gradient are 0. Likely causes: the policy never solves a task (no "
+                "warm start"
+                + (" — sft.enabled=false" if sft_off else "")
+                + ", tasks too hard, actions rejected); the reward never varies (check "
+                f"info['success'] and the reward on the final step); {single}. Try "
+                "oracle_action() with the warm start, a partial reward for progress, or a "
+                "larger rollout.group_size"
+            )
+        elif lo >= 1.0:
+            out["zero_advantages"] = (
+                "every episode succeeds, so there is nothing left to prefer: the loss and its "
+                "gradient are 0. The policy solves these tasks; harder ones (the env's "
+                f"difficulty, a curriculum) give a signal again. Also possible: {single}"
+            )
         else:
-            what = "within each group every episode has the same return"
-        out["zero_advantages"] = (
-            f"{what}: the loss and its gradient are 0. Likely causes: the policy never "
-            "solves a task (no warm start"
-            + (" — sft.enabled=false" if sft_off else "")
-            + ", tasks too hard, actions rejected); the reward never varies (check "
-            "info['success'] and the reward on the final step); rollout.group_size=1 with a "
-            "group-relative estimator. Try oracle_action() with the warm start, a partial "
-            "reward for progress, or a larger rollout.group_size"
-        )
+            shown = f"{lo:.0%}" if lo == hi else f"{lo:.0%}–{hi:.0%}"
+            out["zero_advantages"] = (
+                f"some tasks succeed and others fail (success {shown}), but within each "
+                "group every episode has the same return: the loss and its gradient are 0. "
+                "The policy acts the same way on a task every time, right or wrong "
+                "(policy/entropy near 0), so its groups never compare a success with a "
+                "failure. Try a larger rollout.group_size or rollout.temperature, so that "
+                "its rare other actions get sampled, or check that the reward depends on "
+                f"the actions, not only on the task. Also possible: {single}"
+            )
     return out
 
 
@@ -103,6 +126,7 @@ class HealthMonitor:
         warn: where warnings go (default: stderr).
         streaks: consecutive iterations each sign has lasted.
         warned: signs already reported.
+        success: the lowest and highest training success rate over each sign's streak.
     """
 
     cfg: Any = None
@@ -110,13 +134,20 @@ class HealthMonitor:
     warn: Callable[[str], None] = _stderr
     streaks: dict[str, int] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
+    success: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def observe(self, record: dict[str, Any]) -> list[str]:
         """Take one iteration's record; returns (and emits) the warnings due now."""
+        success = float(record.get("rollout/success_rate", 0.0))
         signs = diagnose(record, self.cfg)
         for sign in list(self.streaks):
             if sign not in signs:
                 self.streaks[sign] = 0
+                self.success.pop(sign, None)
+        for sign in signs:  # the streak's success range decides the zero-advantage causes
+            lo, hi = self.success.get(sign, (success, success))
+            self.success[sign] = (min(lo, success), max(hi, success))
+        signs = diagnose(record, self.cfg, self.success.get("zero_advantages"))
         due = []
         for sign, causes in signs.items():
             self.streaks[sign] = self.streaks.get(sign, 0) + 1
