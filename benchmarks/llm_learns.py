@@ -468,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     from credo.train.warmstart import warm_start_key
 
     try:  # a bad override or recipe stops here, in one line, before any compute
-        for recipe in ["grpo", *(r for r in args.recipes.split(",") if r)]:
+        warm_cfg = load_config("grpo", base_overrides(args))  # the config SFT phases use
+        for recipe in (r for r in args.recipes.split(",") if r):
             load_config(recipe, base_overrides(args))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -483,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     saved.write_text(json.dumps(settings, indent=1))
     print("python benchmarks/llm_learns.py " + " ".join(shlex.quote(a) for a in argv), flush=True)
-    changed = check_warm_start(out, warm_start_key(load_config("grpo", base_overrides(args))))
+    changed = check_warm_start(out, warm_start_key(warm_cfg))
     if changed:
         print(changed, flush=True)
     results: dict[str, dict[str, Any]] = {}

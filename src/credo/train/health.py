@@ -37,6 +37,11 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _no_signal(record: dict[str, Any]) -> bool:
+    """Every step's advantage is 0 in this record (``credit/zero_adv_frac`` = 1)."""
+    return float(record.get("credit/zero_adv_frac", 0.0)) >= ZERO_ADV_THRESHOLD
+
+
 def diagnose(
     record: dict[str, Any], cfg: Any = None, success_range: tuple[float, float] | None = None
 ) -> dict[str, str]:
@@ -83,7 +88,7 @@ def diagnose(
             "sft.enabled=true"
         )
         out["invalid_actions"] = "; ".join(causes)
-    if float(record.get("credit/zero_adv_frac", 0.0)) >= ZERO_ADV_THRESHOLD:
+    if _no_signal(record):
         single = "rollout.group_size=1 with a group-relative estimator"
         if hi <= 0.0:
             out["zero_advantages"] = (
@@ -126,7 +131,8 @@ class HealthMonitor:
         warn: where warnings go (default: stderr).
         streaks: consecutive iterations each sign has lasted.
         warned: signs already reported.
-        success: the lowest and highest training success rate over each sign's streak.
+        zero_adv_success: the lowest and highest training success rate over the current
+            streak of all-zero advantages (``None`` outside one).
     """
 
     cfg: Any = None
@@ -134,20 +140,20 @@ class HealthMonitor:
     warn: Callable[[str], None] = _stderr
     streaks: dict[str, int] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
-    success: dict[str, tuple[float, float]] = field(default_factory=dict)
+    zero_adv_success: tuple[float, float] | None = None
 
     def observe(self, record: dict[str, Any]) -> list[str]:
         """Take one iteration's record; returns (and emits) the warnings due now."""
         success = float(record.get("rollout/success_rate", 0.0))
-        signs = diagnose(record, self.cfg)
+        if _no_signal(record):  # the streak's success range decides the causes named
+            lo, hi = self.zero_adv_success or (success, success)
+            self.zero_adv_success = (min(lo, success), max(hi, success))
+        else:
+            self.zero_adv_success = None
+        signs = diagnose(record, self.cfg, self.zero_adv_success)
         for sign in list(self.streaks):
             if sign not in signs:
                 self.streaks[sign] = 0
-                self.success.pop(sign, None)
-        for sign in signs:  # the streak's success range decides the zero-advantage causes
-            lo, hi = self.success.get(sign, (success, success))
-            self.success[sign] = (min(lo, success), max(hi, success))
-        signs = diagnose(record, self.cfg, self.success.get("zero_advantages"))
         due = []
         for sign, causes in signs.items():
             self.streaks[sign] = self.streaks.get(sign, 0) + 1
