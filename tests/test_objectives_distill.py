@@ -379,6 +379,14 @@ def test_renyi_properties(zp: list[float], zq: list[float], r1: float, r2: float
         assert d_lo > 0  # ... and only then
 
 
+def test_renyi_of_a_distribution_with_itself_is_zero_near_rho_1() -> None:
+    """Found by hypothesis: at ρ = 0.99999 the rounding of p's normalisation (about 1e-16),
+    divided by ρ − 1, gave D(p ‖ p) = −1.7e-11."""
+    p = torch.log_softmax(torch.tensor([0.0, 0.0, 0.0, 2.0], dtype=D), -1)
+    for rho in (0.99999, 1.00001, 0.999, 0.5, 2.0):
+        assert renyi_divergence(p, p, rho).item() == 0.0
+
+
 def test_renyi_gradcheck() -> None:
     g = torch.Generator().manual_seed(2)
     q = torch.log_softmax(torch.randn(3, 4, generator=g, dtype=D), -1)
