@@ -269,6 +269,16 @@ class Meter:
 
 
 # --------------------------------------------------------------------------- phases
+def skip_is_exact(cfg: Any) -> bool:
+    """Whether ``optim.skip_zero_advantage`` leaves the recipe's update unchanged (an
+    advantage-weighted loss, no KL loss, no entropy bonus): then the RL phases use it,
+    and groups of one outcome cost no forward or backward pass."""
+    from credo.objectives import loss_is_advantage_weighted
+
+    obj = cfg.objective
+    return loss_is_advantage_weighted(obj.loss) and obj.kl_coef == 0 and obj.entropy_coef == 0
+
+
 def run_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The body of one phase (in its own process); returns what to store."""
     import torch
@@ -312,17 +322,17 @@ def run_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
         recipe = phase.removeprefix("rl-")
         run_dir = out / phase
-        cfg = load_config(
-            recipe,
-            [
-                *common,
-                *rl_adapters(args, out),
-                f"train.iterations={args.iterations}",
-                f"train.runs_dir={out}",
-                f"train.name={phase}",
-                "train.keep_checkpoints=1",
-            ],
-        )
+        rl = [
+            *common,
+            *rl_adapters(args, out),
+            f"train.iterations={args.iterations}",
+            f"train.runs_dir={out}",
+            f"train.name={phase}",
+            "train.keep_checkpoints=1",
+        ]
+        cfg = load_config(recipe, rl)
+        if skip_is_exact(cfg):  # groups of one outcome: no forward/backward for nothing
+            cfg = load_config(recipe, [*rl, "optim.skip_zero_advantage=true"])
         resume = run_dir if (run_dir / "metrics.jsonl").exists() else None
         if resume is not None:
             import yaml
@@ -346,6 +356,8 @@ def run_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                     "time/rollout_s",
                     "time/update_s",
                     "time/iteration_s",
+                    "credit/zero_adv_frac",
+                    "policy/skipped_rows",
                     "policy/entropy",
                     "policy/kl_sampler_first",
                 )
@@ -436,7 +448,17 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None
             continue
         print_table(
             f"{phase}: training iterations ({args.tasks} tasks × {args.group} episodes)",
-            ["iter", "success", "invalid", "turns", "gen tokens", "sample s", "update s", "kl"],
+            [
+                "iter",
+                "success",
+                "invalid",
+                "turns",
+                "gen tokens",
+                "sample s",
+                "update s",
+                "zero adv",
+                "kl",
+            ],
             [
                 [
                     i["iteration"],
@@ -446,6 +468,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None
                     i["rollout/gen_tokens"],
                     f"{i['time/rollout_s']:.0f}",
                     f"{i['time/update_s']:.0f}",
+                    f"{i.get('credit/zero_adv_frac') or 0:.2f}",
                     f"{i.get('policy/kl_sampler_first') or 0:.4f}",
                 ]
                 for i in its

@@ -10,7 +10,9 @@ loss, backward, optimizer step) on that same batch, from the same weights, the
 objectives interleaved in each repeat so that machine noise hits them alike; the table
 gives the median seconds and the ratio to PPO-clip with token ratios. A second table
 gives the rollout's cost with and without the auxiliary draws (KLPO pays it at sampling
-time). Ratios are measured in one run; absolute seconds depend on the machine's load.
+time). A third runs PPO-clip on the same batch with the advantages of a share of the
+groups set to 0 (groups of one outcome), with and without ``optim.skip_zero_advantage``.
+Ratios are measured in one run; absolute seconds depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--zero-groups",
+        type=float,
+        nargs="+",
+        default=[0.5, 0.9],
+        help="shares of the groups whose advantages are set to 0 in the third table",
+    )
     args = ap.parse_args()
 
     base = load_config(
@@ -89,18 +98,34 @@ def main() -> None:
     batch = forest.to_batch(adv, pad_id=policy.pad_id)
     tokens = int(batch.response_mask.sum())
 
+    def update_seconds(recipe: str, extra: list[str], b: object, rep: int) -> float:
+        cfg = load_config(recipe, ["sft.enabled=false", *extra])
+        pol = copy.deepcopy(policy)
+        ref = copy.deepcopy(policy) if cfg.objective.kl_coef > 0 else None
+        opt = torch.optim.AdamW(pol.model.parameters(), lr=cfg.optim.lr)
+        ctx = UpdateContext(pol, opt, cfg, ref)
+        b = copy.deepcopy(b)
+        t0 = time.perf_counter()
+        policy_update(ctx, b, iteration=rep, generator=torch.Generator().manual_seed(rep))
+        return time.perf_counter() - t0
+
+    # the same batch with the advantages of the first share of the groups set to 0
+    groups = forest.group.unique()
+    flat = {}
+    for share in args.zero_groups:
+        a = adv.clone()
+        a[torch.isin(forest.group, groups[: round(share * groups.numel())])] = 0.0
+        flat[share] = forest.to_batch(a, pad_id=policy.pad_id)
+    skip_cases = [(s, k) for s in args.zero_groups for k in ("false", "true")]
+
     times: dict[str, list[float]] = {label: [] for label, _, _ in OBJECTIVES}
+    skip_times: dict[tuple[float, str], list[float]] = {c: [] for c in skip_cases}
     for rep in range(args.repeats):
         for label, recipe, extra in OBJECTIVES:
-            cfg = load_config(recipe, ["sft.enabled=false", *extra])
-            pol = copy.deepcopy(policy)
-            ref = copy.deepcopy(policy) if cfg.objective.kl_coef > 0 else None
-            opt = torch.optim.AdamW(pol.model.parameters(), lr=cfg.optim.lr)
-            ctx = UpdateContext(pol, opt, cfg, ref)
-            b = copy.deepcopy(batch)
-            t0 = time.perf_counter()
-            policy_update(ctx, b, iteration=rep, generator=torch.Generator().manual_seed(rep))
-            times[label].append(time.perf_counter() - t0)
+            times[label].append(update_seconds(recipe, extra, batch, rep))
+        for share, skip in skip_cases:
+            dt = update_seconds("grpo", [f"optim.skip_zero_advantage={skip}"], flat[share], rep)
+            skip_times[share, skip].append(dt)
 
     ppo = statistics.median(times[OBJECTIVES[0][0]])
     rows = []
@@ -118,6 +143,17 @@ def main() -> None:
         f"rollout of {args.tasks}x{args.group} episodes (median of {len(roll_times[0])})",
         ["auxiliary draws M", "seconds", "vs M 0"],
         [["0", f"{r0:.2f}", "1.00×"], ["16 (klpo)", f"{r16:.2f}", f"{r16 / r0:.2f}×"]],
+    )
+    rows = []
+    for share in args.zero_groups:
+        full = statistics.median(skip_times[share, "false"])
+        skipped = statistics.median(skip_times[share, "true"])
+        rows.append([f"{share:.0%}", f"{full:.3f}", f"{skipped:.3f}", f"{skipped / full:.2f}×"])
+    print_table(
+        f"ppo token on the same batch with a share of its {groups.numel()} groups' advantages "
+        f"at 0 (median of {args.repeats})",
+        ["groups at 0", "seconds", "skip_zero_advantage s", "ratio"],
+        rows,
     )
 
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import llm_item_choice
 import llm_learns
 
-from credo.train.config import load_config
+from credo.train.config import ConfigError, load_config
 from credo.train.run import build_run
 
 
@@ -131,3 +131,21 @@ def test_the_parent_and_the_sft_phase_compute_one_warm_start_key() -> None:
     assert len(keys) == 1
     other = llm_learns.parse_args(["--sft-steps", "8"])
     assert warm_start_key(load_config("grpo", llm_learns.base_overrides(other))) not in keys
+
+
+EXACT = ("grpo", "gigpo", "rloo", "proas", "hpo")
+
+
+@pytest.mark.parametrize("recipe", [*EXACT, "klpo", "opd", "mt_sdpo"])
+def test_the_rl_phases_skip_zero_advantage_rows_only_where_exact(recipe: str) -> None:
+    """The RL phases turn on optim.skip_zero_advantage where the recipe's loss is
+    advantage-weighted with no KL loss or entropy bonus; the config check accepts it
+    there, and refuses it for the others."""
+    common = llm_learns.base_overrides(llm_learns.parse_args([]))
+    assert llm_learns.skip_is_exact(load_config(recipe, common)) is (recipe in EXACT)
+    skipping = [*common, "optim.skip_zero_advantage=true"]
+    if recipe in EXACT:
+        assert load_config(recipe, skipping).optim.skip_zero_advantage
+    else:
+        with pytest.raises(ConfigError, match=r"optim\.skip_zero_advantage=true is exact only"):
+            load_config(recipe, skipping)

@@ -294,7 +294,7 @@ def _holder_loss(
     return loss, metrics
 
 
-@register_loss("holder")
+@register_loss("holder", advantage_weighted=True)
 def holder(
     inputs: LossInputs,
     *,
@@ -347,7 +347,7 @@ def holder(
     )
 
 
-@register_loss("holder_token")
+@register_loss("holder_token", advantage_weighted=True)
 def holder_token(
     inputs: LossInputs,
     *,

@@ -65,7 +65,7 @@ def ppo_token_loss(
     return loss, clipped
 
 
-@register_loss("ppo")
+@register_loss("ppo", advantage_weighted=True)
 def ppo_clip(
     inputs: LossInputs,
     *,

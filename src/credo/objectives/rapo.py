@@ -165,7 +165,7 @@ def rapo_extras(
     return out
 
 
-@register_loss("ppo_rapo", env_features=("profiles",))
+@register_loss("ppo_rapo", env_features=("profiles",), advantage_weighted=True)
 def ppo_rapo(
     inputs: LossInputs,
     *,

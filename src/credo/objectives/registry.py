@@ -22,6 +22,12 @@ take no teacher scores, so a ``teacher.route: loss`` beside them is refused.
 A loss that needs something from the env declares it as ``env_features`` (e.g. RAPO's
 ``("profiles",)``: tasks that carry a profile); the trainer's config check asks the
 configured env for each (objectives never build envs).
+
+A loss whose every term is multiplied by the advantage (PPO-clip, Hölder, RAPO's
+reweighted PPO) declares ``advantage_weighted=True``: a row whose advantages are all 0
+then adds exactly nothing to its gradient, so the trainer may leave such rows out of the
+forward and backward passes (``optim.skip_zero_advantage``). Losses with a term of their
+own (a KL to the sampler, a distillation term) do not.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ __all__ = [
     "Requirement",
     "get_loss",
     "loss_env_features",
+    "loss_is_advantage_weighted",
     "loss_names",
     "loss_requirements",
     "loss_teacher_requirements",
@@ -109,6 +116,7 @@ def register_loss(
     requires: Requirement | None = None,
     teacher: Requirement | None = None,
     env_features: tuple[str, ...] = (),
+    advantage_weighted: bool = False,
 ) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator: make ``fn`` available as ``objective.loss: <name>`` in configs.
 
@@ -126,6 +134,8 @@ def register_loss(
             ``None``: the loss reads no teacher scores.
         env_features: what it needs the env to offer (``"profiles"``: tasks with a
             profile, ``env.provides_profiles()``); default none.
+        advantage_weighted: every term of the loss is the advantage times something, so
+            rows with all-zero advantages have a zero gradient (default false).
     """
 
     def deco(fn: PolicyLoss) -> PolicyLoss:
@@ -139,6 +149,7 @@ def register_loss(
             requires=requires or _nothing_required,
             teacher=teacher,
             env_features=tuple(env_features),
+            advantage_weighted=advantage_weighted,
         )(checked)
 
     return deco
@@ -158,6 +169,12 @@ def loss_teacher_requirements(name: str) -> Requirement | None:
     """The ``teacher`` check loss ``name`` registered, or ``None`` when it reads no
     teacher scores."""
     return LOSSES.meta(name).get("teacher")
+
+
+def loss_is_advantage_weighted(name: str) -> bool:
+    """Whether loss ``name`` registered ``advantage_weighted=True`` (a row whose
+    advantages are all 0 adds nothing to its gradient)."""
+    return bool(LOSSES.meta(name).get("advantage_weighted", False))
 
 
 def get_loss(name: str) -> PolicyLoss:

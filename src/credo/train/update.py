@@ -13,6 +13,14 @@ many parts as there are mini-batches (in order, no RNG), and each optimizer step
 λ_O · L_O of its part to the RL loss before the gradient is clipped. With λ_O = 0 the
 term is computed for its metrics only (no gradient, in eval mode), so the parameters
 follow the base method's exactly.
+
+With ``optim.skip_zero_advantage``, the episodes whose advantages are all exactly 0 are
+left out of the π_old scoring and of the forward and backward passes. Under an
+advantage-weighted loss with no KL or entropy term (the config check insists), such rows
+add exactly 0 to the gradient, and the aggregation weights are still computed on the
+whole mini-batch, so the step is the same up to float rounding. A mini-batch left empty
+still runs one micro-batch (a zero gradient) and steps: AdamW moves the weights on its
+momentum even then.
 """
 
 from __future__ import annotations
@@ -282,18 +290,18 @@ def policy_update(
     batch.token_extras[ENGINE_LOGPROBS] = batch.old_logprobs  # the sampler's, kept for TIS
     ctx.engine_diffs.clear()
     sampler_lp = batch.old_logprobs  # the sampler's (kept: _prepare may rescore π_old)
-    ref_lp = _prepare(ctx, batch)
+    keep = (
+        _carrying_rows(batch)
+        if opt_cfg.skip_zero_advantage
+        else torch.ones(len(batch), dtype=torch.bool)
+    )
+    ref_lp = _prepare(ctx, batch, keep)
     if not _single_step(ctx):  # π_old scored by _prepare (else by the loss's own forward)
         trainer_lp = batch.old_logprobs
         if not opt_cfg.recompute_old_logprobs:
-            trainer_lp = score_batch(
-                ctx.policy,
-                batch,
-                temperature=ctx.cfg.rollout.temperature,
-                micro_rows=opt_cfg.micro_batch_rows,
-                micro_tokens=opt_cfg.micro_batch_tokens,
-            )
-        ctx.engine_diffs.append((trainer_lp - batch.token_extras[ENGINE_LOGPROBS])[batch.loss_mask])
+            trainer_lp = _score_rows(ctx, batch, keep)
+        scored = batch.loss_mask & keep[:, None]
+        ctx.engine_diffs.append((trainer_lp - batch.token_extras[ENGINE_LOGPROBS])[scored])
     oracle_w = oracle_log_weights(ctx, oracle) if oracle is not None else None
     totals: dict[str, float] = defaultdict(float)
     steps, kl_steps = 0, []
@@ -307,6 +315,7 @@ def policy_update(
                 batch.index(mb_rows),
                 None if ref_lp is None else ref_lp[mb_rows],
                 iteration,
+                keep[mb_rows],
                 oracle_part=None
                 if oracle is None
                 else (oracle, oracle_w, mb_index, len(minibatches)),
@@ -322,6 +331,8 @@ def policy_update(
     out = {k: v if k in EXTREMES else v / max(1, steps) for k, v in totals.items()}
     if kl_steps:  # KL to the sampler at the first optimizer step and at the last one
         out["policy/kl_sampler_first"], out["policy/kl_sampler_last"] = kl_steps[0], kl_steps[-1]
+    if opt_cfg.skip_zero_advantage:
+        out["policy/skipped_rows"] = 1.0 - float(keep.float().mean()) if len(batch) else 0.0
     if "policy/ratio_mean" in out:  # pooled over the steps' loss tokens
         var = out.get("policy/ratio_sq_mean", 0.0) - out["policy/ratio_mean"] ** 2
         out["policy/ratio_std"] = max(0.0, var) ** 0.5
@@ -336,20 +347,42 @@ def _single_step(ctx: UpdateContext) -> bool:
     return opt.recompute_old_logprobs and opt.epochs * opt.minibatches == 1
 
 
-def _prepare(ctx: UpdateContext, batch: TokenBatch) -> torch.Tensor | None:
+def _carrying_rows(batch: TokenBatch) -> torch.Tensor:
+    """``[B]`` bool: the rows of the episodes with a non-zero advantage on some loss token
+    (every other row adds exactly 0 to an advantage-weighted loss's gradient). Whole
+    episodes, so that sequence-level ratios and episode units see all of theirs."""
+    carrying = ((batch.advantages != 0) & batch.loss_mask).any(1)
+    return torch.isin(batch.episode, batch.episode[carrying])
+
+
+def _score_rows(
+    ctx: UpdateContext, batch: TokenBatch, keep: torch.Tensor, policy: HFPolicy | None = None
+) -> torch.Tensor:
+    """``[B, L]``: ``batch.old_logprobs`` with the ``keep`` rows scored by ``policy``
+    (default: the policy being trained)."""
+    cfg = ctx.cfg
+    rows = torch.nonzero(keep).flatten()
+    out = batch.old_logprobs.clone()
+    if rows.numel():
+        out[rows] = score_batch(
+            policy or ctx.policy,
+            batch.index(rows),
+            temperature=cfg.rollout.temperature,
+            micro_rows=cfg.optim.micro_batch_rows,
+            micro_tokens=cfg.optim.micro_batch_tokens,
+        )
+    return out
+
+
+def _prepare(ctx: UpdateContext, batch: TokenBatch, keep: torch.Tensor) -> torch.Tensor | None:
     """Score π_old (when several steps share the batch and the config asks to recompute
     it; in place) and the reference (when a KL loss needs it; returned), before any
-    optimizer step."""
+    optimizer step; only the ``keep`` rows, the others keep the sampler's numbers."""
     cfg = ctx.cfg
-    score = {
-        "temperature": cfg.rollout.temperature,
-        "micro_rows": cfg.optim.micro_batch_rows,
-        "micro_tokens": cfg.optim.micro_batch_tokens,
-    }
     if cfg.optim.recompute_old_logprobs and not _single_step(ctx):
-        batch.old_logprobs = score_batch(ctx.policy, batch, **score)
+        batch.old_logprobs = _score_rows(ctx, batch, keep)
     if ctx.ref_policy is not None and cfg.objective.kl_coef > 0:
-        return score_batch(ctx.ref_policy, batch, **score)
+        return _score_rows(ctx, batch, keep, ctx.ref_policy)
     return None
 
 
@@ -369,13 +402,15 @@ def _minibatch_step(
     mb: TokenBatch,
     ref_lp: torch.Tensor | None,
     iteration: int,
+    keep: torch.Tensor,
     *,
     oracle_part: tuple[OracleBatch, torch.Tensor, int, int] | None,
     sampler_lp: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """One optimizer step on mini-batch ``mb``: the aggregation weights of the whole
-    mini-batch, gradients accumulated over micro-batches (plus this mini-batch's share of
-    SERO's oracle rows), clipped, one step. Returns the step's metrics."""
+    mini-batch, gradients accumulated over micro-batches of its ``keep`` rows (``[B]``
+    bool; at least one episode's, so that the step is taken) plus this mini-batch's share
+    of SERO's oracle rows, clipped, one step. Returns the step's metrics."""
     cfg = ctx.cfg
     obj = cfg.objective
     weights = aggregation_weights(
@@ -384,9 +419,11 @@ def _minibatch_step(
     ctx.optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = defaultdict(float)
     lengths = mb.attention_mask.sum(1)
+    if len(mb) and not keep.any():  # a zero gradient, but the step is still taken
+        keep = mb.episode == mb.episode[0]
     chunks = _micro_chunks(
         mb.episode,
-        torch.arange(len(mb)),
+        torch.nonzero(keep).flatten(),
         cfg.optim.micro_batch_rows,
         lengths,
         cfg.optim.micro_batch_tokens,
@@ -418,7 +455,7 @@ def _minibatch_step(
     metrics = dp.sum_metrics(metrics, merge=EXTREMES)
     # `policy/*` metrics are Σ w·x; divide by Σ w so that they read as weighted means
     # under every aggregation (the *-mean modes already have Σ w = 1).
-    total_w = float((weights * mb.loss_mask).sum())
+    total_w = float((weights * mb.loss_mask)[keep].sum())
     for k in metrics:
         if k.startswith("policy/") and k not in EXTREMES and total_w > 0:
             metrics[k] /= total_w

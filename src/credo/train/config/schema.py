@@ -348,6 +348,15 @@ class OptimConfig:
             CPU) bounds activation memory where a row count does not.
         recompute_old_logprobs: score π_old with the trainer before updating (default
             true) rather than trusting the sampler's numbers.
+        skip_zero_advantage: leave the episodes whose advantages are all exactly 0 (GRPO
+            groups with one outcome) out of the update's forward and backward passes and
+            out of the π_old scoring (default false). The gradient and the optimizer step
+            are unchanged up to float rounding: the aggregation weights are still those of
+            the whole mini-batch, and a mini-batch with nothing left still takes its (zero
+            gradient) step. Needs a loss registered as advantage-weighted (``ppo``,
+            ``holder``, ``holder_token``, ``ppo_rapo``), ``objective.kl_coef`` = 0 and
+            ``objective.entropy_coef`` = 0. The ``policy/*`` metrics then describe the
+            scored rows only; ``update/skipped_rows`` is the share left out.
     """
 
     lr: float = 3e-4
@@ -359,6 +368,7 @@ class OptimConfig:
     micro_batch_rows: int = 256
     micro_batch_tokens: int | None = None
     recompute_old_logprobs: bool = True
+    skip_zero_advantage: bool = False
 
 
 @dataclass
