@@ -48,6 +48,9 @@ from _common import print_table
 HERE = Path(__file__).resolve()
 WIDTH = 132  # the tables' width, also when the output goes to a file
 
+#: the first columns of the RL iterations table
+ITERATION_COLUMNS = ("iter", "success", "invalid", "turns", "gen tok", "sample s", "update s")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -448,17 +451,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None
             continue
         print_table(
             f"{phase}: training iterations ({args.tasks} tasks × {args.group} episodes)",
-            [
-                "iter",
-                "success",
-                "invalid",
-                "turns",
-                "gen tokens",
-                "sample s",
-                "update s",
-                "zero adv",
-                "kl",
-            ],
+            [*ITERATION_COLUMNS, "zero adv", "kl"],
             [
                 [
                     i["iteration"],

@@ -6,40 +6,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from credo.data import ForestBuilder, Step, TokenBatch
-from credo.policy import HFPolicy, TinyModelConfig, create_tiny_policy
+from credo.data import TokenBatch
+from credo.policy import HFPolicy
 from credo.train.config import ConfigError, load_config
 from credo.train.update import UpdateContext, policy_update
+from test_update import _batch as _update_batch
+from test_update import _policy
 
-SMALL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 #: episodes whose advantages are all 0 (a GRPO group of one outcome: episodes 2 and 3),
 #: and one with a 0 on one row only (episode 5: it carries a gradient, so it stays whole)
 ZERO_EPISODES = (2, 3)
 
 
 def _batch(seed: int = 0) -> TokenBatch:
-    g = torch.Generator().manual_seed(seed)
-    b = ForestBuilder()
-    for ep in range(8):
-        parent = -1
-        for t in range(1 + ep % 3):
-            prompt = torch.randint(4, 30, (3 + t,), generator=g).tolist()
-            resp = torch.randint(4, 30, (1 + (ep + t) % 3,), generator=g).tolist()
-            step = Step("o", "a", reward=float(ep % 2), prompt_ids=prompt, response_ids=resp)
-            step.logprobs = [-1.0] * len(resp)
-            parent = b.add(ep // 2, parent, step)
-        b.mark_success(parent, ep % 2 == 1)
-    forest = b.build()
-    episode = forest.row_episode()
-    adv = torch.linspace(-1, 1, forest.num_rows) + 0.05  # no row at exactly 0
+    batch = _update_batch(seed, episodes=8)
+    batch.advantages += 0.05  # no row of the other episodes at exactly 0
     for ep in ZERO_EPISODES:
-        adv[episode == ep] = 0.0
-    adv[torch.nonzero(episode == 5).flatten()[0]] = 0.0
-    return forest.to_batch(adv)
-
-
-def _policy() -> HFPolicy:
-    return create_tiny_policy([f"w{i}" for i in range(40)], SMALL, seed=0)
+        batch.advantages[batch.episode == ep] = 0.0
+    batch.advantages[torch.nonzero(batch.episode == 5).flatten()[0]] = 0.0
+    return batch
 
 
 def _update(

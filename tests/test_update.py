@@ -15,10 +15,10 @@ from credo.train.update import UpdateContext, policy_update
 SMALL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 
 
-def _batch(seed: int = 0):  # type: ignore[no-untyped-def]
+def _batch(seed: int = 0, episodes: int = 6):  # type: ignore[no-untyped-def]
     g = torch.Generator().manual_seed(seed)
     b = ForestBuilder()
-    for ep in range(6):
+    for ep in range(episodes):
         parent = -1
         for t in range(1 + ep % 3):
             prompt = torch.randint(4, 30, (3 + t,), generator=g).tolist()
