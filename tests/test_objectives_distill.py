@@ -387,11 +387,35 @@ def test_renyi_of_a_distribution_with_itself_is_zero_near_rho_1() -> None:
         assert renyi_divergence(p, p, rho).item() == 0.0
 
 
+def test_renyi_of_close_distributions_near_rho_1_in_float32() -> None:
+    """The log-space form divided a float32 logsumexp's rounding (about 1e-7) by ρ − 1:
+    at ρ = 1 ± 1e-4 that is 1e-3, a thousand times D itself for a student close to its
+    target. The expm1 form's error is relative to D."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(64, 32, generator=g, dtype=D)
+    p64 = torch.log_softmax(z, -1)
+    q64 = torch.log_softmax(z + 1e-3 * torch.randn(64, 32, generator=g, dtype=D), -1)
+    p32, q32 = p64.float(), q64.float()
+    for rho in (1 - 1e-4, 1 + 1e-4, 1 - 1e-2, 1 + 1e-2, 0.91, 1.09):
+        # reference: the log-space formula in float64 (its rounding, 1e-16 / |ρ − 1|,
+        # is below 1e-11 here), the inputs being the float32 ones
+        lse = torch.logsumexp(rho * p32.double() + (1 - rho) * q32.double(), -1)
+        ref = (lse - torch.logsumexp(p32.double(), -1)) / (rho - 1)
+        got = renyi_divergence(p32, q32, rho).double()
+        assert ref.min() > 1e-8  # D is about 1e-7 here: close distributions
+        torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-11)
+    # the forms meet: just inside and just outside |ρ − 1| = 0.1
+    for edge in (0.9, 1.1):
+        a = renyi_divergence(p64, q64, edge - 1e-9)
+        b = renyi_divergence(p64, q64, edge + 1e-9)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-14)
+
+
 def test_renyi_gradcheck() -> None:
     g = torch.Generator().manual_seed(2)
     q = torch.log_softmax(torch.randn(3, 4, generator=g, dtype=D), -1)
     z = torch.randn(3, 4, generator=g, dtype=D, requires_grad=True)
-    for rho in (0.5, 1.0, 2.0):
+    for rho in (0.5, 0.95, 1.0, 1.0 + 1e-4, 2.0):  # each of the three forms
         assert torch.autograd.gradcheck(
             lambda z, rho=rho: renyi_divergence(torch.log_softmax(z, -1), q, rho), (z,)
         )

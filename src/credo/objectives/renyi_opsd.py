@@ -69,10 +69,27 @@ def mixed_target(self_logits: torch.Tensor, ref_logits: torch.Tensor, alpha: flo
     return torch.log_softmax(z, dim=-1)
 
 
+#: ``|ρ − 1|`` below which :func:`renyi_divergence` uses its ``log1p``/``expm1`` form
+NEAR_ONE = 0.1
+
+
 def renyi_divergence(
     p_log: torch.Tensor, q_log: torch.Tensor, rho: float, *, kl_eps: float = 1e-6
 ) -> torch.Tensor:
     """``D_ρ(p ‖ q)`` over the last dimension, in log space.
+
+    Three forms of one formula, each where it is accurate:
+
+    * ``|ρ − 1| < kl_eps``: the limit, ``KL(p ‖ q) = Σ e^p (p − q)`` (``0·log 0 = 0``);
+    * ``|ρ − 1| <`` :data:`NEAR_ONE`: with δ = 1 − ρ,
+      ``−log1p(Σ e^p expm1(δ (q − p))) / δ``. The sum is about δ·KL, so its rounding
+      is relative; the log-space form below would divide the rounding of a logsumexp
+      near 0 (float32: about 1e-7) by ρ − 1;
+    * otherwise ``logsumexp(ρ p + (1−ρ) q) / (ρ − 1)``.
+
+    ``p_log`` is taken as normalised: its computed normalisation (0 up to rounding) is
+    removed as a constant, so that ``D(p ‖ p)`` is exactly 0 and the gradients are those
+    of the formula.
 
     Args:
         p_log: ``[..., K]`` normalised log-probs of p (differentiable; ``−inf`` allowed).
@@ -81,27 +98,28 @@ def renyi_divergence(
         kl_eps: for ``|ρ − 1| < kl_eps`` return ``KL(p ‖ q)`` (default 1e-6).
 
     Returns:
-        ``[...]``: ``logsumexp(ρ p + (1−ρ) q)/(ρ − 1)``, or ``Σ e^p (p − q)`` near ρ = 1
-        (``0·log 0 = 0``).
+        ``[...]``: ``D_ρ(p ‖ q)``.
     """
     check_same_support(p_log, q_log, "renyi_divergence")
     if not (math.isfinite(rho) and rho > 0):
         raise ValueError(f"renyi_divergence: rho must be positive and finite, got {rho}")
     q = q_log.to(p_log.dtype)
     zero_p = torch.isneginf(p_log)
-    if abs(rho - 1.0) < kl_eps:
-        ps = torch.where(zero_p, torch.zeros_like(p_log), p_log)
-        qs = torch.where(zero_p, torch.zeros_like(q), q)
-        return torch.where(zero_p, torch.zeros_like(ps), ps.exp() * (ps - qs)).sum(-1)
-    neg = torch.full_like(p_log, float("-inf"))
     ps = torch.where(zero_p, torch.zeros_like(p_log), p_log)
-    # ρ p + (1−ρ) q written as p + (1−ρ)(q − p), so that q = p gives p's own terms bit for
-    # bit; then p's normalisation as computed (0 up to rounding, a constant: no gradient)
-    # is subtracted, so that D(p ‖ p) is exactly 0 instead of that rounding / (ρ − 1)
-    # (1.7e-11 at ρ = 0.99999)
-    terms = torch.where(zero_p, neg, ps + (1.0 - rho) * (q - ps))
-    norm = torch.logsumexp(p_log, dim=-1).detach()
-    return (torch.logsumexp(terms, dim=-1) - norm) / (rho - 1.0)
+    qs = torch.where(zero_p, torch.zeros_like(q), q)
+    if abs(rho - 1.0) < kl_eps:
+        return torch.where(zero_p, torch.zeros_like(ps), ps.exp() * (ps - qs)).sum(-1)
+    norm = torch.logsumexp(p_log, dim=-1, keepdim=True).detach()
+    delta = 1.0 - rho
+    if abs(delta) < NEAR_ONE:
+        # δ(q − p) > 30 needs p < q − 300: e^p·e^30 and the true e^((1−δ)p + δq) are
+        # both 0 in floating point, so the cap changes nothing but an overflow to inf
+        grown = torch.expm1((delta * (qs - ps)).clamp(max=30.0))
+        weight = torch.where(zero_p, torch.zeros_like(ps), (ps - norm).exp())
+        return -torch.log1p((weight * grown).sum(-1)) / delta
+    # ρ p + (1−ρ) q written as p + (1−ρ)(q − p), so that q = p gives p's own terms
+    terms = torch.where(zero_p, torch.full_like(ps, float("-inf")), ps + delta * (qs - ps))
+    return (torch.logsumexp(terms, dim=-1) - norm.squeeze(-1)) / (rho - 1.0)
 
 
 @register_loss("renyi_opsd", teacher=needs_teacher("renyi_opsd"))
