@@ -97,6 +97,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=24, help="response cap (24)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--rl-seed",
+        type=int,
+        default=None,
+        help="the RL phases' train.seed, from the warm start of --seed (default: --seed); "
+        "copy zero-shot.json, sft.json and warm-eval.json into a new --out to run RL seeds "
+        "from one warm start",
+    )
     ap.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="credo overrides for every phase: key=value")
     args = ap.parse_args(argv)
@@ -147,6 +155,14 @@ def base_overrides(args: argparse.Namespace) -> list[str]:
     if "model.dtype" not in given and "model.mixed_precision" not in given and _cpu_bf16(args):
         out.append("model.mixed_precision=bf16")
     return out + list(args.overrides)
+
+
+def rl_seed(args: argparse.Namespace) -> list[str]:
+    """With ``--rl-seed``, the RL phases' seed overrides: their own ``train.seed`` and the
+    warm start of ``--seed`` (``sft.seed``); else none."""
+    if args.rl_seed is None:
+        return []
+    return [f"train.seed={args.rl_seed}", f"sft.seed={args.seed}"]
 
 
 def rl_adapters(args: argparse.Namespace, out: Path) -> list[str]:
@@ -327,6 +343,7 @@ def run_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         run_dir = out / phase
         rl = [
             *common,
+            *rl_seed(args),
             *rl_adapters(args, out),
             f"train.iterations={args.iterations}",
             f"train.runs_dir={out}",

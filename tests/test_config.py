@@ -162,3 +162,43 @@ def test_a_loss_registers_its_requirements_not_an_aggregation() -> None:
     cfg = load_config("klpo")
     assert loss_requirements("klpo")(cfg.objective.params, cfg.rollout) is None
     assert loss_requirements("ppo")({}, cfg.rollout) is None
+
+
+def test_sft_seed_lets_rl_runs_of_several_seeds_share_one_warm_start() -> None:
+    """``sft.seed`` (default: ``train.seed``) is what the warm start and its key read: the
+    built-in model's initial weights, the demonstrations and the SFT shuffles. The keys of
+    warm starts made before it existed do not change."""
+    import torch
+
+    from credo.train.run import build_run
+    from credo.train.warmstart import warm_start, warm_start_key
+
+    tiny = [
+        "env.name=examples.custom_env:GuessEnv",
+        "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
+        *("sft.episodes=20", "sft.noisy_episodes=10", "sft.steps=3", "sft.noisy_steps=2"),
+        "sft.cache=false",
+        "train.threads=1",
+    ]
+    base = load_config("grpo", tiny)
+    assert base.sft.seed is None and base.warm_start_seed == 0
+    rl_seed_1 = load_config("grpo", [*tiny, "train.seed=1", "sft.seed=0"])
+    own_seed_1 = load_config("grpo", [*tiny, "train.seed=1"])
+    assert warm_start_key(rl_seed_1) == warm_start_key(base)
+    assert warm_start_key(load_config("grpo", [*tiny, "sft.seed=0"])) == warm_start_key(base)
+    assert warm_start_key(own_seed_1) != warm_start_key(base)
+    assert warm_start_key(own_seed_1) == warm_start_key(load_config("grpo", [*tiny, "sft.seed=1"]))
+
+    def weights(cfg):  # type: ignore[no-untyped-def]
+        run = build_run(cfg)
+        try:
+            policy, _ = warm_start(run)
+        finally:
+            run.close()
+        return [p.detach().clone() for p in policy.model.parameters()]
+
+    made = weights(base)
+    assert all(torch.equal(a, b) for a, b in zip(made, weights(rl_seed_1)))
+    assert not all(torch.equal(a, b) for a, b in zip(made, weights(own_seed_1)))
+    with pytest.raises(ConfigError, match=r"sft\.seed must be ≥ 0, got -1"):
+        load_config("grpo", ["sft.seed=-1"])

@@ -129,6 +129,11 @@ def test_the_parent_and_the_sft_phase_compute_one_warm_start_key() -> None:
         for r in ("grpo", "gigpo", "rloo", "proas")
     }
     assert len(keys) == 1
+    # --rl-seed: RL with its own train.seed from the warm start of --seed
+    seeded = llm_learns.parse_args(["--sft-steps", "7", "--rl-seed", "2"])
+    rl = [*llm_learns.base_overrides(seeded), *llm_learns.rl_seed(seeded)]
+    assert load_config("grpo", rl).train.seed == 2
+    assert warm_start_key(load_config("grpo", rl)) in keys
     other = llm_learns.parse_args(["--sft-steps", "8"])
     assert warm_start_key(load_config("grpo", llm_learns.base_overrides(other))) not in keys
 

@@ -423,7 +423,8 @@ def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.model.name is None:
         words = env_vocabulary(env, make, history_tokens=cfg.rollout.history_tokens)
-        policy = create_tiny_policy(words, cfg.model.tiny, seed=cfg.train.seed)
+        seed = cfg.warm_start_seed if cfg.sft.enabled else cfg.train.seed  # SFT's start
+        policy = create_tiny_policy(words, cfg.model.tiny, seed=seed)
         policy.model.to(device)
         policy.device = torch.device(device)
     else:

@@ -84,7 +84,9 @@ def warm_start_key(cfg: Config) -> str:
         model["mixed_precision"] = cfg.model.mixed_precision
     # SFT settings outside the key: the cache switch, and the privileged-text settings
     # while sft.privileged is off (keys of earlier warm starts stay valid)
-    skip = {"cache"} | ({"privileged", "privileged_share"} if cfg.sft.privileged is None else set())
+    # sft.seed: resolved below (null and the seed it means share a key)
+    skip = {"cache", "seed"}
+    skip |= {"privileged", "privileged_share"} if cfg.sft.privileged is None else set()
     key: dict[str, Any] = {
         "env": asdict(cfg.env),
         "model": model,
@@ -93,7 +95,7 @@ def warm_start_key(cfg: Config) -> str:
             "steps": sft_steps(cfg),  # resolved: null and the number it means share a key
         },
         "history_turns": cfg.rollout.history_turns,
-        "seed": cfg.train.seed,
+        "seed": cfg.warm_start_seed,
         "code": _code_fingerprint(cfg),
     }
     prompt = {
@@ -183,7 +185,7 @@ def warm_start(
 
         teach = {"privileged": sft.privileged, "privileged_prompt": render}
     clean = collect_demonstrations(
-        run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0, seed=cfg.train.seed,
+        run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0, seed=cfg.warm_start_seed,
         **teach,
     )  # fmt: skip
     noisy = collect_demonstrations(
@@ -191,11 +193,11 @@ def warm_start(
         run.renderer,
         episodes=sft.noisy_episodes,
         epsilon=sft.epsilon,
-        seed=cfg.train.seed + 1,
+        seed=cfg.warm_start_seed + 1,
         first_task=sft.episodes,
         **teach,
     )
-    torch.manual_seed(cfg.train.seed)
+    torch.manual_seed(cfg.warm_start_seed)
     total = sft.steps + sft.noisy_steps
 
     def report(phase: str, offset: int) -> Callable[[int, float], None]:
@@ -204,12 +206,20 @@ def warm_start(
         )
 
     for rows, steps, lr, seed, name, offset, warmup in (
-        (_with_privileged(clean, sft), sft.steps, sft.lr, cfg.train.seed, "clean demos", 0, None),
+        (
+            _with_privileged(clean, sft),
+            sft.steps,
+            sft.lr,
+            cfg.warm_start_seed,
+            "clean demos",
+            0,
+            None,
+        ),
         (
             _with_privileged(noisy, sft),
             sft.noisy_steps,
             sft.noisy_lr,
-            cfg.train.seed + 1,
+            cfg.warm_start_seed + 1,
             "noisy demos",
             sft.steps,
             0,

@@ -402,6 +402,9 @@ class SFTConfig:
             0.5; in (0, 1]).
         cache: reuse a warm start with the same config hash from the cache folder
             (``$CREDO_CACHE`` or ``~/.cache/credo``; default true).
+        seed: the warm start's seed: the built-in model's initial weights, the
+            demonstrations and the SFT shuffles (default ``None``: ``train.seed``). Set it
+            to run RL with several ``train.seed`` values from one warm start.
     """
 
     enabled: bool = True
@@ -416,6 +419,7 @@ class SFTConfig:
     privileged: str | None = None
     privileged_share: float = 0.5
     cache: bool = True
+    seed: int | None = None
 
 
 @dataclass
@@ -714,6 +718,11 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def warm_start_seed(self) -> int:
+        """The seed of the warm start (``sft.seed``, else ``train.seed``)."""
+        return self.train.seed if self.sft.seed is None else self.sft.seed
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:

@@ -408,6 +408,7 @@ def _sft(cfg: Config) -> None:
             "sft.noisy_episodes": s.noisy_episodes,
             "sft.lr": s.lr,
             "sft.noisy_lr": s.noisy_lr,
+            "sft.seed": s.seed,
         },
     )
     _in_range("sft.epsilon", s.epsilon, 0, 1)
