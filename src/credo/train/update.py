@@ -361,16 +361,17 @@ def _score_rows(
     """``[B, L]``: ``batch.old_logprobs`` with the ``keep`` rows scored by ``policy``
     (default: the policy being trained)."""
     cfg = ctx.cfg
+    score = {
+        "temperature": cfg.rollout.temperature,
+        "micro_rows": cfg.optim.micro_batch_rows,
+        "micro_tokens": cfg.optim.micro_batch_tokens,
+    }
+    if bool(keep.all()):
+        return score_batch(policy or ctx.policy, batch, **score)
     rows = torch.nonzero(keep).flatten()
     out = batch.old_logprobs.clone()
     if rows.numel():
-        out[rows] = score_batch(
-            policy or ctx.policy,
-            batch.index(rows),
-            temperature=cfg.rollout.temperature,
-            micro_rows=cfg.optim.micro_batch_rows,
-            micro_tokens=cfg.optim.micro_batch_tokens,
-        )
+        out[rows] = score_batch(policy or ctx.policy, batch.index(rows), **score)
     return out
 
 
