@@ -58,7 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--difficulty", default="default", help="shop difficulty (default default)")
     ap.add_argument("--out", default="runs/llm_learns", help="results folder (resumable)")
     ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank; 0 = full fine-tuning")
-    ap.add_argument("--sft-steps", type=int, default=100, help="clean SFT steps (default 100)")
+    ap.add_argument(
+        "--sft-steps",
+        type=int,
+        default=175,
+        help="clean SFT steps (default 175: a warm start that has begun to compare prices "
+        "but still errs at random, which RL can sharpen; see docs/llm.md)",
+    )
     ap.add_argument(
         "--sft-noisy-steps",
         type=int,
@@ -83,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default 0: RL trains what the warm start trained; exclusive with --lora-r)",
     )
     ap.add_argument(
-        "--rl-lr", type=float, default=None, help="default 1e-5 full, 1e-4 LoRA (either flag)"
+        "--rl-lr", type=float, default=None, help="default 2e-5 full, 1e-4 LoRA (either flag)"
     )
     ap.add_argument("--eval-episodes", type=int, default=500, help="held-out tasks (500)")
     ap.add_argument(
@@ -119,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     lora = args.lora_r > 0
     args.sft_lr = args.sft_lr if args.sft_lr is not None else (5e-4 if lora else 1e-4)
     rl_lora = lora or args.rl_lora_r > 0
-    args.rl_lr = args.rl_lr if args.rl_lr is not None else (1e-4 if rl_lora else 1e-5)
+    args.rl_lr = args.rl_lr if args.rl_lr is not None else (1e-4 if rl_lora else 2e-5)
     return args
 
 

@@ -150,12 +150,16 @@ def test_a_loss_registers_its_requirements_not_an_aggregation() -> None:
     from credo.objectives import (
         LOSSES,
         loss_env_features,
+        loss_is_advantage_weighted,
         loss_requirements,
         loss_teacher_requirements,
     )
 
+    meta = {"requires", "teacher", "env_features", "advantage_weighted"}
     for name in LOSSES.names():  # the old `aggregation=` meta contradicted the recipes
-        assert set(LOSSES.meta(name)) == {"requires", "teacher", "env_features"}, name
+        assert set(LOSSES.meta(name)) == meta, name
+    weighted = {n for n in LOSSES.names() if loss_is_advantage_weighted(n)}
+    assert weighted == {"ppo", "holder", "holder_token", "ppo_rapo"}
     assert {n for n in LOSSES.names() if loss_env_features(n)} == {"ppo_rapo"}
     teacher_losses = {n for n in LOSSES.names() if loss_teacher_requirements(n) is not None}
     assert teacher_losses == {"opd", "mt_sdpo", "renyi_opsd"}
