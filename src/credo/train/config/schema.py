@@ -356,7 +356,7 @@ class OptimConfig:
             gradient) step. Needs a loss registered as advantage-weighted (``ppo``,
             ``holder``, ``holder_token``, ``ppo_rapo``), ``objective.kl_coef`` = 0 and
             ``objective.entropy_coef`` = 0. The ``policy/*`` metrics then describe the
-            scored rows only; ``update/skipped_rows`` is the share left out.
+            scored rows only; ``policy/skipped_rows`` is the share left out.
     """
 
     lr: float = 3e-4
