@@ -295,13 +295,12 @@ class Meter:
 
 # --------------------------------------------------------------------------- phases
 def skip_is_exact(cfg: Any) -> bool:
-    """Whether ``optim.skip_zero_advantage`` leaves the recipe's update unchanged (an
-    advantage-weighted loss, no KL loss, no entropy bonus): then the RL phases use it,
-    and groups of one outcome cost no forward or backward pass."""
-    from credo.objectives import loss_is_advantage_weighted
+    """Whether ``optim.skip_zero_advantage`` leaves the recipe's update unchanged (the
+    config check's own test): then the RL phases use it, and groups of one outcome cost
+    no forward or backward pass."""
+    from credo.train.config import skip_zero_advantage_problems
 
-    obj = cfg.objective
-    return loss_is_advantage_weighted(obj.loss) and obj.kl_coef == 0 and obj.entropy_coef == 0
+    return not skip_zero_advantage_problems(cfg)
 
 
 def run_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from credo.train.config.schema import (
     TeacherConfig,
     TrainConfig,
 )
-from credo.train.config.validate import validate
+from credo.train.config.validate import skip_zero_advantage_problems, validate
 
 __all__ = [
     "RECIPES_DIR",
@@ -53,5 +53,6 @@ __all__ = [
     "config_hash",
     "load_config",
     "recipe_names",
+    "skip_zero_advantage_problems",
     "validate",
 ]

@@ -362,18 +362,27 @@ def _objective(cfg: Config) -> None:
                 "π_trainer_old/π_engine needs the trainer's own log-probs of the rollouts"
             )
     if cfg.optim.skip_zero_advantage:
-        from credo.objectives import loss_is_advantage_weighted
-
-        kept = {"objective.kl_coef": obj.kl_coef, "objective.entropy_coef": obj.entropy_coef}
-        why = [f"{k} = {v} (must be 0)" for k, v in kept.items() if v > 0]
-        if not loss_is_advantage_weighted(obj.loss):
-            why.insert(0, f"objective.loss={obj.loss} has terms besides the advantage's")
+        why = skip_zero_advantage_problems(cfg)
         if why:
             raise ConfigError(
                 "optim.skip_zero_advantage=true is exact only when rows with zero "
                 f"advantages add no gradient, but {'; '.join(why)}. Accepted: loss ppo, "
                 "holder, holder_token or ppo_rapo with no KL loss and no entropy bonus"
             )
+
+
+def skip_zero_advantage_problems(cfg: Config) -> list[str]:
+    """Why ``optim.skip_zero_advantage`` would change this config's update (rows with zero
+    advantages that still carry a gradient), one reason per item; empty when it is
+    exact: an advantage-weighted loss, no KL loss, no entropy bonus."""
+    from credo.objectives import loss_is_advantage_weighted
+
+    obj = cfg.objective
+    kept = {"objective.kl_coef": obj.kl_coef, "objective.entropy_coef": obj.entropy_coef}
+    why = [f"{k} = {v} (must be 0)" for k, v in kept.items() if v > 0]
+    if not loss_is_advantage_weighted(obj.loss):
+        why.insert(0, f"objective.loss={obj.loss} has terms besides the advantage's")
+    return why
 
 
 def _optim(cfg: Config) -> None:
