@@ -110,6 +110,45 @@ def test_warm_start_cache_key_follows_what_the_warm_start_depends_on() -> None:
     )
 
 
+def test_warm_start_eval_cache_key_ignores_training_only_rollout_settings() -> None:
+    """The warm start's held-out evaluation is cached by what it reads: a run that
+    changes only how training samples (tasks per iteration, group size, the sampler, KLPO's
+    draws, oracle continuations) reuses it instead of spending minutes re-evaluating the
+    same policy on the same tasks; anything the evaluation reads changes the key."""
+    from credo.train.warmstart import eval_cache_name
+
+    def name(*overrides: str) -> str:
+        return eval_cache_name(load_config("grpo", list(overrides)), "k", builtin=True)
+
+    base = name()
+    for same in (
+        "rollout.tasks_per_iter=16",
+        "rollout.group_size=8",
+        "rollout.sampler=tree",
+        "rollout.train_tasks=500",
+        "rollout.invalid_penalty=0.1",
+        "rollout.aux_samples=2",
+        "rollout.oracle_horizon=2",
+        "rollout.env_workers=2",
+        "optim.lr=1e-5",
+        "credit.estimator=gigpo",
+    ):
+        assert name(same) == base, same
+    for changed in (
+        "rollout.temperature=0.7",
+        "rollout.top_p=0.9",
+        "rollout.max_new_tokens=12",
+        "rollout.history_turns=1",
+        "rollout.max_turns=3",
+        "rollout.system_prompt=hi",
+        "rollout.step_timeout=5",
+        "eval.episodes=50",
+        "eval.seed=1",
+    ):
+        assert name(changed) != base, changed
+    assert eval_cache_name(load_config("grpo"), "other", builtin=True) != base
+
+
 def test_sft_steps_default_to_what_the_env_asks_for() -> None:
     """``sft.steps: null`` is the env's ``sft_steps`` (``tools``: 6000) or 2500, and the
     warm-start key holds the resolved number: the warm starts cached before the default

@@ -26,7 +26,6 @@ from credo.envs.base import resolve_env
 from credo.eval.evaluate import EvalResult
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import merge_lora
-from credo.rollout.envguard import DEFAULT_STEP_TIMEOUT
 from credo.rollout.render import Turn
 from credo.teachers import privileged_prompt_ids
 from credo.train import distributed as dp
@@ -285,30 +284,49 @@ def _name_base(policy: HFPolicy, path: Path) -> None:
     policy.model.config._name_or_path = str(path)
 
 
-def _eval_cache(run: Run, key: str) -> Path:
-    """Where the held-out evaluation of warm start ``key`` is cached. Rollout settings
-    added after the first version enter the hash only when set, so that existing cached
-    evaluations keep their keys."""
-    cfg = run.cfg
+#: Rollout settings that only training reads: the held-out evaluation samples one episode
+#: per task with neither KLPO's auxiliary draws nor the top-K head, no oracle
+#: continuations and no invalid-action penalty (:meth:`~credo.train.run.Run.evaluate`),
+#: and builds its env locally; these do not enter the key of its cache.
+EVAL_IGNORES_ROLLOUT = (
+    "sampler",
+    "sampler_params",
+    "tasks_per_iter",
+    "group_size",
+    "train_tasks",
+    "invalid_penalty",
+    "aux_samples",
+    "topk_logprobs",
+    "oracle_horizon",
+    "oracle_per_group",
+    "oracle_start",
+    "on_restore_divergence",
+    "kv_reuse",  # exact: greedy tokens identical with and without (docs/llm.md)
+    "kv_cache_mb",
+    "env_workers",
+    "ray_address",
+    "env_timeout_s",
+    "env_retries",
+)
+
+
+def eval_cache_name(cfg: Config, warm_key: str, *, builtin: bool) -> str:
+    """The key of the held-out evaluation of warm start ``warm_key`` under ``cfg``: a
+    hash of the warm start, ``cfg.eval`` and the rollout settings an evaluation reads
+    (every field but :data:`EVAL_IGNORES_ROLLOUT`, with the resolved response cap), so
+    that runs differing only in training settings (tasks per iteration, group size,
+    sampler) share one evaluation. A new rollout field enters the key until it is listed
+    there: a needless re-evaluation, never a stale result."""
     rollout = asdict(cfg.rollout)
-    rollout["max_new_tokens"] = max_new_tokens(cfg, builtin=run.builtin)
-    for k in ("system_prompt", "user_prompt"):
-        if rollout[k] is None:
-            del rollout[k]
-    if not rollout["chat_examples"]:
-        del rollout["chat_examples"]
-    if rollout.get("step_timeout") == DEFAULT_STEP_TIMEOUT:
-        del rollout["step_timeout"]
-    for k in (
-        "kv_reuse",
-        "kv_cache_mb",
-        "env_workers",
-        "ray_address",
-        "env_timeout_s",
-        "env_retries",
-    ):  # exact: they do not change the evaluation
+    rollout["max_new_tokens"] = max_new_tokens(cfg, builtin=builtin)
+    for k in EVAL_IGNORES_ROLLOUT:
         del rollout[k]
-    name = config_hash({"warm": key, "eval": asdict(cfg.eval), "rollout": rollout})
+    return config_hash({"warm": warm_key, "eval": asdict(cfg.eval), "rollout": rollout})
+
+
+def _eval_cache(run: Run, key: str) -> Path:
+    """Where the held-out evaluation of warm start ``key`` is cached."""
+    name = eval_cache_name(run.cfg, key, builtin=run.builtin)
     return cache_dir() / "warmstart" / key / f"eval-{name}.json"
 
 
