@@ -79,7 +79,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--minibatches", type=int, default=2, help="optimizer steps per RL batch (default 2)"
     )
-    ap.add_argument("--tasks", type=int, default=8, help="tasks per RL iteration (8)")
+    ap.add_argument(
+        "--tasks",
+        type=int,
+        default=16,
+        help="tasks per RL iteration (default 16: with 8, GRPO's gain over the 175-step warm "
+        "start varied from -29 to +28 points across RL seeds; see docs/llm.md)",
+    )
     ap.add_argument("--group", type=int, default=4, help="episodes per task (4)")
     ap.add_argument(
         "--rl-lora-r",
