@@ -154,3 +154,23 @@ def test_the_rl_phases_skip_zero_advantage_rows_only_where_exact(recipe: str) ->
     else:
         with pytest.raises(ConfigError, match=r"optim\.skip_zero_advantage=true is exact only"):
             load_config(recipe, skipping)
+
+
+def test_the_gpu_command_keeps_the_users_dtype_and_device() -> None:
+    """``--model DIR model.device=cuda model.dtype=bfloat16`` (the README's GPU command):
+    the user's overrides come last and win, and no CPU mixed-precision setting is added
+    beside the dtype. Loaded here with ``model.device=cpu`` in place of cuda (no CUDA on
+    this machine), the config holds the dtype."""
+    args = llm_learns.parse_args(["--model", "DIR", "model.device=cuda", "model.dtype=bfloat16"])
+    common = llm_learns.base_overrides(args)
+    assert common[0] == "model.name=DIR"
+    assert common[-2:] == ["model.device=cuda", "model.dtype=bfloat16"]
+    assert not any(o.startswith("model.mixed_precision=") for o in common)
+    assert "rollout.tasks_per_iter=16" in common
+    cpu = [o if o != "model.device=cuda" else "model.device=cpu" for o in common]
+    cfg = load_config("grpo", [o for o in cpu if not o.startswith("model.name=")])
+    assert (cfg.model.device, cfg.model.dtype, cfg.model.mixed_precision) == (
+        "cpu",
+        "bfloat16",
+        None,
+    )
