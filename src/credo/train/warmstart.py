@@ -301,7 +301,7 @@ EVAL_IGNORES_ROLLOUT = (
     "oracle_per_group",
     "oracle_start",
     "on_restore_divergence",
-    "kv_reuse",  # exact: greedy tokens identical with and without (docs/llm.md)
+    "kv_reuse",  # the same next-token logits but for float rounding (docs/llm.md)
     "kv_cache_mb",
     "env_workers",
     "ray_address",
