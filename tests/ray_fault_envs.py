@@ -20,23 +20,32 @@ from credo.envs import Task
 class FaultyGuess(GuessEnv):
     """:class:`GuessEnv` whose ``step`` at turn ``turn`` of task seed ``seed`` hangs for
     ``hang_s`` seconds: once (the first process to remove the file ``flag`` hangs) or,
-    without ``flag``, every time."""
+    without ``flag``, every time. A hang that runs to its end writes the file ``woke``
+    (when given): a pool that cuts the hang short returns before that file exists."""
 
-    def __init__(self, seed: int = 1, turn: int = 2, hang_s: float = 60.0, flag: str = "") -> None:
+    def __init__(
+        self, seed: int = 1, turn: int = 2, hang_s: float = 60.0, flag: str = "", woke: str = ""
+    ) -> None:
         super().__init__()
         self.fault_seed, self.fault_turn, self.hang_s, self.flag = seed, turn, hang_s, flag
+        self.woke = woke
+
+    def _hang(self) -> None:
+        time.sleep(self.hang_s)
+        if self.woke:
+            Path(self.woke).write_text("the hang ran to its end")
 
     def step(self, action: str) -> Any:
         if self.secret_seed == self.fault_seed and self.turn + 1 == self.fault_turn:
             if not self.flag:
-                time.sleep(self.hang_s)
+                self._hang()
             else:
                 try:
                     os.remove(self.flag)
                 except FileNotFoundError:
                     pass
                 else:
-                    time.sleep(self.hang_s)
+                    self._hang()
         return super().step(action)
 
     def reset(self, task: Task, seed: int = 0) -> str:

@@ -312,9 +312,9 @@ def test_parse_action_agrees_with_the_reference_grammar(text: str) -> None:
     ["search[" + " " * 2_000, "search[" + " " * 1_000_000, "click[" + "\t" * 1_000_000 + "x"],
 )
 def test_parse_action_is_linear_time(action: str) -> None:
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # CPU time: a busy machine does not make it fail
     assert parse_action(action) is None
-    assert time.perf_counter() - t0 < 0.5  # the regex took 8 s at 2,000 spaces, 125 s at 8,000
+    assert time.thread_time() - t0 < 0.5  # the regex took 8 s at 2,000 spaces, 125 s at 8,000
 
 
 _REFERENCE_BARE = re.compile(r"^\W*(?:action\W*)?(back|buy)\W*$", re.I | re.M)
@@ -354,9 +354,9 @@ def test_extract_action_agrees_with_the_reference_regex(text: str) -> None:
 def test_extract_action_is_linear_time() -> None:
     env = ShopEnv()
     for text in ["\n" * 4_000, "\n" * 1_000_000, " \n" * 500_000 + "buy", "search" + " " * 10**6]:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         env.extract_action(text)
-        assert time.perf_counter() - t0 < 0.5  # quadratic before: 0.7 s at 4,000 newlines
+        assert time.thread_time() - t0 < 0.5  # quadratic before: 0.7 s at 4,000 newlines
     assert env.extract_action("\n" * 1_000 + "-- buy --\nback") == "buy"
     # a reply is read up to MAX_REPLY_CHARS, the bare form in whole lines only
     pad = "x" * (MAX_REPLY_CHARS - 20)
@@ -381,9 +381,9 @@ def test_huge_actions_are_invalid_and_bounded() -> None:
     env = ShopEnv()
     env.reset(Task.make("train", 0))
     for action in ["search[" + "red " * 250_000 + "]", "click[" + "9" * 5_000 + "]", "x" * 10**6]:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         res = env.step(action)
-        assert time.perf_counter() - t0 < 0.5
+        assert time.thread_time() - t0 < 0.5
         assert not res.info["valid"]
         assert f"longer than {MAX_ACTION_CHARS} characters" in res.observation
         assert len(res.observation) < 200 and len(env.state_key()) < 200

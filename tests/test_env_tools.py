@@ -547,25 +547,25 @@ def test_fuzz_10000_random_and_adversarial_actions(difficulty: str) -> None:
             "done {" + " " * 2**20 + "}", "\u00e9" * 2**20]  # fmt: skip
     env.reset(Task.make("train", 0))
     episodes, slowest, longest = 0, 0.0, 0
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time: a busy machine does not make it fail
     for _ in range(10_000):
         if env._s.over:
             episodes += 1
             env.reset(Task.make("train", rng.randrange(10**6)))
         action = _adversarial(rng, env, huge)
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         res = env.step(action)
         env.is_tool_call(action)
         env.extract_action(action)
         env.state_key(), env.abstract_state_key(), env.progress()
-        slowest = max(slowest, time.perf_counter() - t0)
+        slowest = max(slowest, time.thread_time() - t0)
         longest = max(longest, len(res.observation), len(env.state_key()))
         assert isinstance(res.observation, str) and res.observation.isascii()
         assert res.info["valid"] in (True, False)
         assert res.done == env._s.over
     assert episodes > 100
     assert longest <= 1000, longest
-    assert slowest < 0.5 and time.perf_counter() - start < 120
+    assert slowest < 0.5 and time.thread_time() - start < 120
 
 
 def test_group_and_axpo_samplers_and_estimators_run_on_tools() -> None:
