@@ -43,6 +43,7 @@ from credo.train.agent import AgentSession, agent_params
 from credo.train.check_env import check_round_trip, collect_words, preflight
 from credo.train.config import Config
 from credo.train.profiles import rollout_texts
+from credo.utils.threads import auto_threads
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
@@ -282,8 +283,7 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
         policy_path: load the policy from this folder (a saved run's ``final_policy`` or a
             checkpoint's ``policy``) instead of building it from ``model``.
     """
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(threads_for(cfg))
     if policy_path is None and (problem := model_problem(cfg.model.name)):
         raise ValueError(problem)
     make = env_factory(cfg)
@@ -345,6 +345,13 @@ def build_renderer(
         examples=examples,
         history_tokens=cfg.rollout.history_tokens,
     )
+
+
+def threads_for(cfg: Config) -> int:
+    """torch's CPU threads for a run: ``train.threads``, or with 0 the choice of
+    :func:`credo.utils.threads.auto_threads` (1 for the built-in model, the idle cores for
+    a Hugging Face model)."""
+    return cfg.train.threads or auto_threads(cfg.model.name is None)
 
 
 def sampling_for(cfg: Config, *, builtin: bool) -> SamplingParams:

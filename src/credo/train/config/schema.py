@@ -357,6 +357,16 @@ class OptimConfig:
             ``holder``, ``holder_token``, ``ppo_rapo``), ``objective.kl_coef`` = 0 and
             ``objective.entropy_coef`` = 0. The ``policy/*`` metrics then describe the
             scored rows only; ``policy/skipped_rows`` is the share left out.
+        max_kl: a trust region on each iteration's update (default ``None``: none).
+            After every optimizer step the policy is scored on the mini-batch it stepped
+            on; when its KL to the sampler (k3, mean per loss token) exceeds ``max_kl``,
+            the step is undone (weights and optimizer state) and the iteration's
+            remaining steps are skipped. It stops one step on little evidence (a batch
+            with one or two mixed groups) from moving a nearly deterministic policy far,
+            as Spinning Up's PPO stops at its ``target_kl``, but undoes the step that
+            crossed the line instead of keeping it. Costs one forward pass (no grad) of
+            each mini-batch. Metrics: ``policy/kl_after_step``, ``policy/steps_kept``,
+            ``policy/steps_undone``.
     """
 
     lr: float = 3e-4
@@ -369,6 +379,7 @@ class OptimConfig:
     micro_batch_tokens: int | None = None
     recompute_old_logprobs: bool = True
     skip_zero_advantage: bool = False
+    max_kl: float | None = None
 
 
 @dataclass
@@ -447,7 +458,10 @@ class TrainConfig:
     Attributes:
         iterations: RL iterations (default 100).
         seed: everything random derives from it (default 0).
-        threads: torch CPU threads (default 0 = leave torch's default).
+        threads: torch CPU threads (default 0: choose, :mod:`credo.utils.threads`: 1
+            for the built-in model, whose 128-wide matrices gain little from more and
+            lose most of the run when other jobs share the cores; for a Hugging Face
+            model the cores not busy, usable cores minus the load average).
         checkpoint_every: iterations between checkpoints (default 1: every iteration,
             so a crash or ``kill -9`` loses at most the iteration under way). Measured:
             a checkpoint of the default built-in model (0.33 M parameters, with its AdamW
