@@ -193,6 +193,12 @@ def check_config(cfg: Any, what: str = "accelerate's FSDP (ACCELERATE_USE_FSDP=t
             f"rollout.engine={cfg.rollout.engine} with {what} is not supported (untested); "
             "use rollout.engine=hf or plain data parallelism"
         )
+    if cfg.optim.max_kl is not None:
+        raise ValueError(
+            f"optim.max_kl={cfg.optim.max_kl} with {what} is not supported: undoing a step "
+            "copies the optimizer's state, which the engine shards; use optim.max_kl=null "
+            "or plain data parallelism"
+        )
 
 
 def _layer_classes(model: torch.nn.Module, chosen: tuple[str, ...]) -> set[str]:

@@ -25,6 +25,7 @@ momentum even then.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -305,32 +306,47 @@ def policy_update(
     oracle_w = oracle_log_weights(ctx, oracle) if oracle is not None else None
     totals: dict[str, float] = defaultdict(float)
     steps, kl_steps = 0, []
+    guard: dict[str, float] = {}
+    # every epoch's shuffle drawn first, in order: the generator sees the same calls
+    plan = []  # (the mini-batch's rows, its index in its epoch, mini-batches in the epoch)
     for _ in range(opt_cfg.epochs):
-        minibatches = _episode_chunks(
+        chunks = _episode_chunks(
             batch.episode, _shuffled_rows(batch.episode, generator), opt_cfg.minibatches
         )
-        for mb_index, mb_rows in enumerate(minibatches):
-            metrics = _minibatch_step(
-                ctx,
-                batch.index(mb_rows),
-                None if ref_lp is None else ref_lp[mb_rows],
-                iteration,
-                keep[mb_rows],
-                oracle_part=None
-                if oracle is None
-                else (oracle, oracle_w, mb_index, len(minibatches)),
-                sampler_lp=sampler_lp[mb_rows],
+        plan += [(rows, i, len(chunks)) for i, rows in enumerate(chunks)]
+    for mb_rows, mb_index, parts in plan:
+        before = _snapshot(ctx) if opt_cfg.max_kl is not None else None
+        mb = batch.index(mb_rows)
+        metrics = _minibatch_step(
+            ctx,
+            mb,
+            None if ref_lp is None else ref_lp[mb_rows],
+            iteration,
+            keep[mb_rows],
+            oracle_part=None if oracle is None else (oracle, oracle_w, mb_index, parts),
+            sampler_lp=sampler_lp[mb_rows],
+        )
+        kl_steps.append(metrics.pop("policy/kl_sampler", 0.0))
+        for k, v in metrics.items():
+            if k in EXTREMES:
+                merge_extreme(totals, k, v)
+            else:
+                totals[k] += v
+        steps += 1
+        if before is not None:  # the trust-region guard: undo a step that moved too far
+            guard["policy/kl_after_step"] = kl = _kl_after_step(
+                ctx, mb, sampler_lp[mb_rows], keep[mb_rows]
             )
-            kl_steps.append(metrics.pop("policy/kl_sampler", 0.0))
-            for k, v in metrics.items():
-                if k in EXTREMES:
-                    merge_extreme(totals, k, v)
-                else:
-                    totals[k] += v
-            steps += 1
+            if kl > opt_cfg.max_kl:
+                _restore(ctx, before)
+                guard["policy/steps_undone"] = 1.0
+                break
     out = {k: v if k in EXTREMES else v / max(1, steps) for k, v in totals.items()}
     if kl_steps:  # KL to the sampler at the first optimizer step and at the last one
         out["policy/kl_sampler_first"], out["policy/kl_sampler_last"] = kl_steps[0], kl_steps[-1]
+    if opt_cfg.max_kl is not None:
+        kept = steps - int(guard.get("policy/steps_undone", 0.0))
+        out |= {"policy/steps_undone": 0.0, **guard, "policy/steps_kept": float(kept)}
     if opt_cfg.skip_zero_advantage:
         out["policy/skipped_rows"] = 1.0 - float(keep.float().mean()) if len(batch) else 0.0
     if "policy/ratio_mean" in out:  # pooled over the steps' loss tokens
@@ -338,6 +354,45 @@ def policy_update(
         out["policy/ratio_std"] = max(0.0, var) ** 0.5
     diffs = [d.detach().float().cpu() for d in ctx.engine_diffs]  # sampler/trainer mismatch
     return out | logprob_mismatch(torch.cat(diffs) if diffs else torch.zeros(0))
+
+
+def _snapshot(ctx: UpdateContext) -> tuple[list[torch.Tensor], dict]:
+    """The trainable weights and the optimizer's state, copied (to undo one step)."""
+    weights = [p.detach().clone() for p in trainable_parameters(ctx.policy.model)]
+    return weights, copy.deepcopy(ctx.optimizer.state_dict())
+
+
+@torch.no_grad()
+def _restore(ctx: UpdateContext, snapshot: tuple[list[torch.Tensor], dict]) -> None:
+    weights, state = snapshot
+    for p, w in zip(trainable_parameters(ctx.policy.model), weights):
+        p.copy_(w)
+    ctx.optimizer.load_state_dict(state)
+
+
+def _kl_after_step(
+    ctx: UpdateContext, mb: TokenBatch, sampler_lp: torch.Tensor, keep: torch.Tensor
+) -> float:
+    """The KL between the sampler and π_θ per loss token (k3 as ``policy/kl_sampler_*``
+    reads it, :func:`~credo.objectives.health.sampler_kl`; token mean) on the ``keep``
+    rows of the mini-batch just stepped on, with the weights after the step (no grad). Every process
+    holds the whole batch and the same weights, so every rank finds the same value and
+    takes the same decision."""
+    rows = torch.nonzero(keep).flatten()
+    if rows.numel() == 0:
+        return 0.0
+    sub = mb.index(rows)
+    cfg = ctx.cfg
+    lp = score_batch(
+        ctx.policy,
+        sub,
+        temperature=cfg.rollout.temperature,
+        micro_rows=cfg.optim.micro_batch_rows,
+        micro_tokens=cfg.optim.micro_batch_tokens,
+    )
+    mask = sub.loss_mask
+    kl = sampler_kl(lp, sampler_lp[rows], mask.float(), mask)
+    return float(kl) / max(1.0, float(mask.sum()))
 
 
 def _single_step(ctx: UpdateContext) -> bool:

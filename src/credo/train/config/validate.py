@@ -397,6 +397,10 @@ def _optim(cfg: Config) -> None:
         },
     )
     _at_least(0, {"optim.lr": o.lr, "optim.weight_decay": o.weight_decay})
+    if o.max_kl is not None and (
+        isinstance(o.max_kl, bool) or not isinstance(o.max_kl, (int, float)) or o.max_kl <= 0
+    ):
+        raise ConfigError(f"optim.max_kl must be a number > 0 or null, got {o.max_kl!r}")
     if o.grad_clip <= 0:
         raise ConfigError(f"optim.grad_clip must be > 0, got {o.grad_clip}")
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
