@@ -7,6 +7,7 @@ credo eval RUN_DIR [--episodes 500] [--greedy] [--trials 8 --k 1,2,4]
 credo eval --model NAME_OR_PATH --env shop [--episodes 50] [key.sub=value ...]
 credo play [--env shop] [--task 0] [key.sub=value ...]   play an env yourself
 credo compare --recipes a,b --seeds 3 [key.sub=value ...]
+credo study studies/NAME.yaml [--jobs 2]            a study file: arms x seeds, its page
 credo config [--recipe R] [key.sub=value ...]       the resolved config, every key explained
 credo check-env --env X                              check an env against the protocol
 credo train --agent examples/openai_agent.py:run     train an OpenAI-API agent
@@ -376,10 +377,18 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 
 def _env_frame(exc: BaseException) -> str:
-    """`` [file:line in function]`` of the innermost frame of ``exc`` outside credo."""
+    """`` [file:line in function]`` of the innermost frame of ``exc`` outside credo's own
+    package. "Inside credo" is decided by the package's folder, not by a folder name, so
+    a user's env kept under any folder called ``credo`` (a clone of this repository,
+    say) still gets its frame shown."""
     import traceback
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/credo/" not in f.filename]
+    package = Path(__file__).resolve().parent
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not Path(f.filename).resolve().is_relative_to(package)
+    ]
     if not frames:
         return ""
     f = frames[-1]
@@ -427,7 +436,7 @@ def _play(env: Any, task: Any, name: str) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from credo.train.compare import compare, summary_table_rows
+    from credo.train.compare import RunFailed, compare, summary_table_rows
 
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if not recipes:
@@ -446,19 +455,66 @@ def cmd_compare(args: argparse.Namespace) -> int:
     def on_run(recipe: str, seed: int, k: int, total: int) -> None:
         console.print(f"[{k + 1}/{total}] {recipe}, seed {seed}")
 
-    summaries = compare(
-        recipes,
-        seeds,
-        overrides=extra,
-        out_dir=out,
-        reference=args.reference,
-        on_run=on_run,
-        trials=args.trials,
-        ks=_eval_ks(args),
-    )
+    try:
+        summaries = compare(
+            recipes,
+            seeds,
+            overrides=extra,
+            out_dir=out,
+            reference=args.reference,
+            on_run=on_run,
+            trials=args.trials,
+            ks=_eval_ks(args),
+            jobs=args.jobs,
+        )
+    except RunFailed as exc:  # a run's own error is in its log
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     cols, rows = summary_table_rows(summaries)
     console.print(_table(f"credo compare: {len(seeds)} seeds, same tasks and budget", cols, rows))
     console.print(f"table: {out / 'compare.md'}   plot: {out / 'compare.png'}")
+    return 0
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    """``credo study FILE``: :mod:`credo.train.study`."""
+    from credo.train.compare import RunFailed, summary_table_rows
+    from credo.train.study import load_study, run_study
+
+    _positive("--jobs", args.jobs)
+    study = load_study(args.file)
+    if args.overrides:
+        raise UsageError(
+            "credo study takes no key=value overrides: a study's settings are its file's "
+            f"(got {' '.join(args.overrides)})"
+        )
+    console = _console()
+    runs = len(study.arms) * len(study.seeds)
+    console.print(
+        f"study {study.name}: {len(study.arms)} arms × {len(study.seeds)} seeds = {runs} runs"
+    )
+
+    def on_run(arm: str, seed: int, k: int, total: int) -> None:
+        console.print(f"[{k + 1}/{total}] {arm}, seed {seed}")
+
+    out_root = Path(args.out) if args.out else Path("runs/studies")
+    docs = None if args.no_docs else Path(args.docs)
+    try:
+        summaries = run_study(
+            study,
+            out_root=out_root,
+            docs=docs,
+            jobs=args.jobs,
+            on_run=on_run,
+            command=f"credo study {args.file}" + (f" --jobs {args.jobs}" if args.jobs > 1 else ""),
+        )
+    except RunFailed as exc:  # a run's own error is in its log
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    cols, rows = summary_table_rows(summaries)
+    console.print(_table(f"{study.title}: {len(study.seeds)} seeds", cols, rows))
+    where = f"runs: {out_root / study.name}"
+    console.print(where + (f"   page: {docs / study.name}.md" if docs else ""))
     return 0
 
 
@@ -796,7 +852,30 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="comparison folder (default runs/compare-<time>)")
     c.add_argument("--trials", type=int, default=1, help="pass^k: episodes per held-out task")
     c.add_argument("--k", help="show held-out pass^k for these k, e.g. 1,2,4 (each ≤ --trials)")
+    c.add_argument(
+        "--jobs", type=int, default=1, help="runs side by side, one process each (default 1)"
+    )
     c.set_defaults(func=cmd_compare)
+
+    st = _sub(
+        sub,
+        "study",
+        "run a study file: arms × seeds, its table, plot and page (docs/studies/)",
+        """
+        credo study studies/update-schedule-lights.yaml --jobs 2
+        credo study studies/update-schedule-multi.yaml --no-docs --out /tmp/runs
+        """,
+    )
+    st.add_argument("file", help="the study file (studies/NAME.yaml)")
+    st.add_argument(
+        "--jobs", type=int, default=1, help="runs side by side, one process each (default 1)"
+    )
+    st.add_argument("--out", help="where the runs go (default runs/studies/NAME)")
+    st.add_argument(
+        "--docs", default="docs/studies", help="where its page goes (default docs/studies)"
+    )
+    st.add_argument("--no-docs", action="store_true", help="write no page, only the runs")
+    st.set_defaults(func=cmd_study)
 
     cf = _sub(
         sub,

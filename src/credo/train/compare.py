@@ -7,8 +7,16 @@ one run folder per (recipe, seed), ``compare.json``, ``compare.md`` (the table) 
 ``compare.png`` (success vs. env steps for all recipes). Runs already finished are reused,
 and an interrupted one is resumed, so a comparison can be stopped and restarted.
 
-An override ``RECIPE:key=value`` applies to that recipe only (:func:`split_overrides`):
-``opd:teacher.path=RUN`` gives the teacher to ``opd`` without giving one to ``grpo``.
+What is compared are **arms**: a name, a recipe and the arm's own overrides
+(:class:`Arm`), so that one recipe may appear several times with different settings (a
+study's arms, :mod:`credo.train.study`). ``credo compare --recipes`` makes one arm per
+recipe, named after it; there an override ``RECIPE:key=value`` applies to that recipe only
+(:func:`split_overrides`): ``opd:teacher.path=RUN`` gives the teacher to ``opd`` without
+giving one to ``grpo``.
+
+With ``jobs`` > 1, runs train side by side, each in its own ``credo train`` process (one
+core each: pass ``train.threads=1``, the built-in model's default). A warm start is trained
+once: the runs that share one wait until the first of them has finished.
 
 "Env steps to reach the reference" uses the training rollouts' success rate (a moving
 average over ``smooth`` iterations, averaged over seeds) against the reference recipe's
@@ -25,7 +33,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,12 +50,34 @@ from credo.train.loop import train
 from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table
 
-__all__ = ["RecipeSummary", "compare", "split_overrides"]
+__all__ = ["Arm", "RecipeSummary", "RunFailed", "arms_from_recipes", "compare", "split_overrides"]
+
+
+class RunFailed(RuntimeError):
+    """A run of a comparison trained in its own process failed (the message names its log)."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of a comparison: ``name`` (its table row and run folders
+    ``<name>-seed<S>``), the ``recipe`` (a name or a path) and the arm's own ``key=value``
+    ``overrides`` (applied after the overrides common to every arm)."""
+
+    name: str
+    recipe: str
+    overrides: tuple[str, ...] = ()
+
+
+def arms_from_recipes(recipes: Sequence[str], overrides: Sequence[str] = ()) -> list[Arm]:
+    """One arm per recipe, named after the recipe (a path: its file stem), with the
+    ``RECIPE:key=value`` overrides that name it (:func:`split_overrides`)."""
+    scoped = split_overrides(recipes, [o for o in overrides if ":" in o.split("=", 1)[0]])
+    return [Arm(Path(r).stem, r, tuple(scoped[r])) for r in recipes]
 
 
 @dataclass
 class RecipeSummary:
-    """One recipe's results over the seeds."""
+    """One arm's results over the seeds (``recipe``: the arm's name)."""
 
     recipe: str
     final: list[float] = field(default_factory=list)
@@ -141,12 +174,24 @@ def split_overrides(recipes: Sequence[str], overrides: Sequence[str]) -> dict[st
 
 
 def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
-    final_path = run_dir / "final_eval.json"
-    if not final_path.exists():
-        resume = run_dir if (run_dir / "checkpoints").exists() else None
+    if not _finished(run_dir):
+        resume = _resumable(run_dir)
         if resume is not None:
             cfg = Config.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
         train(cfg, resume=resume, quiet=True)
+    return _result(run_dir)
+
+
+def _finished(run_dir: Path) -> bool:
+    return (run_dir / "final_eval.json").exists()
+
+
+def _resumable(run_dir: Path) -> Path | None:
+    return run_dir if (run_dir / "checkpoints").exists() else None
+
+
+def _result(run_dir: Path) -> dict[str, Any]:
+    final_path = run_dir / "final_eval.json"
     warm = json.loads((run_dir / "warmstart.json").read_text())
     final = json.loads(final_path.read_text())
     return {
@@ -182,66 +227,82 @@ def _passk_one(cfg: Config, run_dir: Path, trials: int, ks: Sequence[int]) -> di
 
 
 def compare(
-    recipes: list[str],
+    arms: Sequence[Arm] | Sequence[str],
     seeds: list[int],
     *,
     overrides: list[str] | None = None,
     out_dir: Path,
     reference: str | None = None,
     smooth: int = 5,
-    on_run: Any = None,
+    on_run: Callable[[str, int, int, int], None] | None = None,
     trials: int = 1,
     ks: Sequence[int] = (),
+    jobs: int = 1,
 ) -> list[RecipeSummary]:
-    """Train every recipe with every seed; write the table and plot; return summaries.
+    """Train every arm with every seed; write the table and plot; return summaries.
 
     Args:
-        recipes: recipe names (or paths).
+        arms: the arms (:class:`Arm`), or recipe names/paths: one arm each, named after
+            the recipe, with the ``RECIPE:key=value`` overrides of ``overrides``.
         seeds: training seeds.
         overrides: ``key=value`` overrides applied to every run (same budget for all);
-            ``RECIPE:key=value`` to that recipe's runs only (:func:`split_overrides`).
+            with recipe names, ``RECIPE:key=value`` to that recipe's runs only
+            (:func:`split_overrides`).
         out_dir: the comparison folder.
-        reference: recipe whose final success defines "env steps to reach" (default:
-            ``grpo`` if compared, else the first recipe).
+        reference: the arm whose final success defines "env steps to reach" (default:
+            ``grpo`` if compared, else the first arm).
         smooth: moving-average window (iterations) of the success curves.
-        on_run: called with ``(recipe, seed, index, total)`` before each run.
+        on_run: called with ``(arm, seed, index, total)`` before each run.
         trials, ks: with ``ks``, also pass^k of every trained policy over ``trials``
             episodes per held-out task (each k ≤ ``trials``).
+        jobs: runs trained side by side, each in its own process (default 1: one after
+            the other, in this process).
     """
-    if not recipes or not seeds:
+    common = list(overrides or [])
+    if arms and isinstance(arms[0], str):
+        arms = arms_from_recipes(arms, common)  # type: ignore[arg-type]
+        common = [o for o in common if ":" not in o.split("=", 1)[0]]
+    arms = list(arms)  # type: ignore[arg-type]
+    if not arms or not seeds:
         raise ConfigError("compare needs at least one recipe and one seed")
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be a positive number of processes, got {jobs}")
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"arm names must differ: {', '.join(names)}")
     ks = check_ks(ks, trials)
-    ref_name = reference or ("grpo" if "grpo" in recipes else recipes[0])
-    if ref_name not in recipes:
+    ref_name = reference or ("grpo" if "grpo" in names else names[0])
+    if ref_name not in names:
         raise ConfigError(
-            f"--reference {ref_name!r} is not one of the compared recipes: {', '.join(recipes)}"
+            f"--reference {ref_name!r} is not one of the compared recipes: {', '.join(names)}"
         )
     out_dir = Path(out_dir)
-    scoped = split_overrides(recipes, overrides or [])
     # every config is loaded (and so checked) before the first run trains
-    runs = [
-        (seed, recipe, f"{Path(recipe).stem}-seed{seed}") for seed in seeds for recipe in recipes
+    runs = [(seed, arm, f"{arm.name}-seed{seed}") for seed in seeds for arm in arms]
+    run_overrides = [
+        [
+            *common,
+            *arm.overrides,
+            f"train.seed={seed}",
+            f"train.runs_dir={out_dir}",
+            f"train.name={name}",
+        ]
+        for seed, arm, name in runs
     ]
-    configs = [
-        load_config(
-            recipe,
-            [
-                *scoped[recipe],
-                f"train.seed={seed}",
-                f"train.runs_dir={out_dir}",
-                f"train.name={name}",
-            ],
-        )
-        for seed, recipe, name in runs
-    ]
-    _check_one_env(recipes, configs[: len(recipes)])
+    configs = [load_config(arm.recipe, o) for (_, arm, _), o in zip(runs, run_overrides)]
+    _check_one_env(names, configs[: len(arms)])
     out_dir.mkdir(parents=True, exist_ok=True)
-    summaries = {r: RecipeSummary(Path(r).stem) for r in recipes}
-    for k, ((seed, recipe, name), cfg) in enumerate(zip(runs, configs)):
-        if on_run is not None:
-            on_run(recipe, seed, k, len(runs))
-        res = _run_one(cfg, out_dir / name)
-        s = summaries[recipe]
+    if jobs > 1:
+        results = _run_parallel(runs, run_overrides, configs, out_dir, jobs, on_run)
+    else:
+        results = []
+        for k, ((seed, arm, name), cfg) in enumerate(zip(runs, configs)):
+            if on_run is not None:
+                on_run(arm.name, seed, k, len(runs))
+            results.append(_run_one(cfg, out_dir / name))
+    summaries = {a.name: RecipeSummary(a.name) for a in arms}
+    for (_, arm, name), cfg, res in zip(runs, configs, results):
+        s = summaries[arm.name]
         s.final.append(res["final"])
         if res["warm"] is not None:
             s.warm.append(res["warm"])
@@ -257,8 +318,77 @@ def compare(
             s.pass_hat_k.setdefault(k, []).append(v)
 
     threshold = relate_to_reference(list(summaries.values()), ref_name, smooth)
-    _write(out_dir, list(summaries.values()), ref_name, threshold, seeds, overrides or [], smooth)
+    _write(out_dir, list(summaries.values()), ref_name, threshold, seeds, common, smooth)
     return list(summaries.values())
+
+
+def _run_parallel(
+    runs: list[tuple[int, Arm, str]],
+    run_overrides: list[list[str]],
+    configs: list[Config],
+    out_dir: Path,
+    jobs: int,
+    on_run: Callable[[str, int, int, int], None] | None,
+) -> list[dict[str, Any]]:
+    """Train ``runs`` with up to ``jobs`` ``credo train`` processes at a time (each run's
+    output in ``<out_dir>/<name>.log``). Runs that share a warm start wait until the
+    first of them (the one that trains it) has finished; finished runs are only read.
+
+    Raises:
+        RunFailed: a run failed (after the others have finished); names its log.
+    """
+    from credo.train.warmstart import warm_start_folder, warm_start_key
+
+    keys = [
+        warm_start_key(cfg) if cfg.sft.enabled else f"none-{i}" for i, cfg in enumerate(configs)
+    ]
+    first = {key: i for i, key in reversed(list(enumerate(keys)))}  # each key's first run
+    pending = [i for i in range(len(runs)) if not _finished(out_dir / runs[i][2])]
+    running: dict[int, tuple[subprocess.Popen[bytes], Any]] = {}
+    done: set[int] = set(range(len(runs))) - set(pending)
+    failed: list[str] = []
+
+    def ready(i: int) -> bool:  # the warm start it needs is trained (or it trains it)
+        key = keys[i]
+        cached = (warm_start_folder(key) / "warmstart.json").exists()
+        return first[key] == i or first[key] in done or cached
+
+    try:
+        while pending or running:
+            startable = [] if failed else [i for i in pending if ready(i)]
+            for i in startable[: jobs - len(running)]:
+                pending.remove(i)
+                seed, arm, name = runs[i]
+                if on_run is not None:
+                    on_run(arm.name, seed, i, len(runs))
+                resume = _resumable(out_dir / name)
+                cmd = [sys.executable, "-m", "credo", "train", "--quiet"]
+                if resume is not None:
+                    cmd += ["--resume", str(resume)]
+                else:
+                    cmd += ["--recipe", arm.recipe, *run_overrides[i]]
+                log = (out_dir / f"{name}.log").open("ab")
+                running[i] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+            time.sleep(1.0)
+            for i, (proc, log) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                log.close()
+                del running[i]
+                done.add(i)
+                if proc.returncode != 0:
+                    failed.append(
+                        f"{runs[i][2]} (exit {proc.returncode}, {out_dir / runs[i][2]}.log)"
+                    )
+            if failed and not running:
+                break  # no new run starts after a failure
+    finally:
+        for proc, log in running.values():  # interrupted: the runs checkpoint and stop
+            proc.wait()
+            log.close()
+    if failed:
+        raise RunFailed(f"{len(failed)} run(s) failed: {'; '.join(failed)}")
+    return [_result(out_dir / name) for _, _, name in runs]
 
 
 def _check_one_env(recipes: Sequence[str], configs: Sequence[Config]) -> None:

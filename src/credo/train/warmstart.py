@@ -36,7 +36,7 @@ from credo.train.sft import Demonstrations, collect_demonstrations, sft_train
 from credo.utils.atomic import temp_path, write_text_atomic
 from credo.utils.cache import cache_dir
 
-__all__ = ["WarmStart", "start_policy", "warm_start", "warm_start_key"]
+__all__ = ["WarmStart", "start_policy", "warm_start", "warm_start_folder", "warm_start_key"]
 
 
 @dataclass
@@ -138,6 +138,12 @@ def _code_fingerprint(cfg: Config) -> str:
     return digest.hexdigest()[:16]
 
 
+def warm_start_folder(key: str) -> Path:
+    """The cache folder of the warm start with key ``key`` (:func:`warm_start_key`); it
+    holds ``warmstart.json`` once the warm start is complete."""
+    return cache_dir() / "warmstart" / key
+
+
 def warm_start(
     run: Run,
     policy: HFPolicy | None = None,
@@ -162,7 +168,7 @@ def warm_start(
     cfg = run.cfg
     policy = policy if policy is not None else run.policy
     key = warm_start_key(cfg)
-    folder = cache_dir() / "warmstart" / key
+    folder = warm_start_folder(key)
     meta_path = folder / "warmstart.json"
     if cfg.sft.cache and meta_path.exists():
         meta = json.loads(meta_path.read_text())
@@ -327,7 +333,7 @@ def eval_cache_name(cfg: Config, warm_key: str, *, builtin: bool) -> str:
 def _eval_cache(run: Run, key: str) -> Path:
     """Where the held-out evaluation of warm start ``key`` is cached."""
     name = eval_cache_name(run.cfg, key, builtin=run.builtin)
-    return cache_dir() / "warmstart" / key / f"eval-{name}.json"
+    return warm_start_folder(key) / f"eval-{name}.json"
 
 
 def start_policy(

@@ -1,0 +1,304 @@
+"""Studies: a paper's comparison, or a question about credo, as a file anyone can re-run.
+
+A study is a YAML file (``studies/<name>.yaml``) naming what is tested and how::
+
+    title: "Several optimizer steps per batch"
+    paper: "PPO (Schulman et al., 2017), https://arxiv.org/abs/1707.06347"
+    claim: "reusing each batch for several clipped steps learns more per sample"
+    env: shop                                  # --env of every run
+    overrides: [env.kwargs.difficulty=multi]   # key=value for every arm
+    iterations: 100
+    seeds: 3                                   # 0, 1, 2 (or a list)
+    reference: 1x1                             # the arm the others are measured against
+    arms:
+      - {name: 1x1, recipe: grpo, overrides: [optim.epochs=1, optim.minibatches=1]}
+      - {name: 1x4, recipe: grpo, overrides: [optim.minibatches=4]}
+    verdict: pending            # reproduced in kind | not reproduced | mixed | pending
+    why: ""                     # one line: the numbers that decide the verdict
+    result: ""                  # one line: credo's result, for the index
+    notes: ""                   # markdown under the table: readings, diagnostics
+
+``credo study studies/<name>.yaml [--jobs 2]`` trains every arm with every seed through
+:func:`credo.train.compare.compare` (the same tasks and budget, one warm start per seed,
+resumable: run it again after a stop), then writes ``docs/studies/<name>.md`` (the
+study's setup, the exact command, the table, the plot, the verdict and notes) and the
+index ``docs/studies/README.md`` (one row per study file beside it). The verdict, its
+reason and the notes are written by a person into the study file after reading the
+results; the command only copies them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from credo.train.compare import Arm, RecipeSummary, compare
+from credo.train.config import ConfigError
+from credo.utils.atomic import write_text_atomic
+from credo.utils.markdown import markdown_table
+
+__all__ = ["VERDICTS", "Study", "load_study", "run_study", "write_index", "write_page"]
+
+#: the verdicts a study may carry
+VERDICTS = ("reproduced in kind", "not reproduced", "mixed", "pending", "answered")
+
+_KEYS = {
+    "title",
+    "paper",
+    "claim",
+    "env",
+    "overrides",
+    "iterations",
+    "seeds",
+    "reference",
+    "arms",
+    "verdict",
+    "why",
+    "result",
+    "notes",
+}
+_ARM_KEYS = {"name", "recipe", "overrides"}
+
+
+@dataclass
+class Study:
+    """A study file, checked (see the module docstring for the fields)."""
+
+    name: str
+    path: Path
+    title: str
+    claim: str
+    arms: list[Arm]
+    seeds: list[int]
+    paper: str = ""
+    env: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    iterations: int | None = None
+    reference: str | None = None
+    verdict: str = "pending"
+    why: str = ""
+    result: str = ""
+    notes: str = ""
+
+    def common_overrides(self) -> list[str]:
+        """The overrides of every arm: the study's, with its env and iterations."""
+        out = list(self.overrides)
+        if self.env is not None:
+            out.append(f"env.name={self.env}")
+        if self.iterations is not None:
+            out.append(f"train.iterations={self.iterations}")
+        return out
+
+
+def _fail(path: Path, what: str) -> ConfigError:
+    return ConfigError(f"study {path}: {what}")
+
+
+def _strings(path: Path, where: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
+        raise _fail(path, f"{where} must be a list of key=value strings, got {value!r}")
+    return list(value)
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and check a study file: every field, every arm's recipe and overrides (each
+    arm's config is loaded once with the study's overrides, so a typo stops here, before
+    any training).
+
+    Raises:
+        ConfigError: one line naming the file, the field and what is accepted.
+    """
+    from credo.train.config import load_config
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"study {path}: no such file (studies are YAML files, e.g. studies/*.yaml)"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(
+            f"study {path}{where}: {getattr(exc, 'problem', None) or 'not valid YAML'}"
+        ) from None
+    if not isinstance(data, dict):
+        raise _fail(path, "must be a mapping of fields (title, claim, arms, ...)")
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise _fail(
+            path, f"unknown field(s) {', '.join(unknown)}; fields: {', '.join(sorted(_KEYS))}"
+        )
+    for key in ("title", "claim"):
+        if not isinstance(data.get(key), str) or not data[key].strip():
+            raise _fail(path, f"needs a {key} (a line of text)")
+    seeds = data.get("seeds", 3)
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
+        seeds = list(range(seeds))
+    elif not (
+        isinstance(seeds, list)
+        and seeds
+        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+    ):
+        raise _fail(path, f"seeds must be a positive count or a list of seeds, got {seeds!r}")
+    iterations = data.get("iterations")
+    if iterations is not None and not (isinstance(iterations, int) and iterations > 0):
+        raise _fail(path, f"iterations must be a positive integer, got {iterations!r}")
+    raw_arms = data.get("arms")
+    if not isinstance(raw_arms, list) or not raw_arms:
+        raise _fail(path, "needs arms: a list of {name, recipe, overrides}")
+    arms = []
+    for k, a in enumerate(raw_arms):
+        if not isinstance(a, dict) or set(a) - _ARM_KEYS or not isinstance(a.get("recipe"), str):
+            raise _fail(
+                path, f"arm {k + 1} must be a mapping with recipe (and name, overrides), got {a!r}"
+            )
+        name = str(a.get("name") or Path(a["recipe"]).stem)
+        arms.append(
+            Arm(
+                name,
+                a["recipe"],
+                tuple(_strings(path, f"arm {name}'s overrides", a.get("overrides"))),
+            )
+        )
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise _fail(path, f"arm names must differ: {', '.join(names)}")
+    reference = data.get("reference")
+    if reference is not None and reference not in names:
+        raise _fail(path, f"reference {reference!r} is not an arm; arms: {', '.join(names)}")
+    verdict = data.get("verdict", "pending")
+    if verdict not in VERDICTS:
+        raise _fail(path, f"verdict {verdict!r} is not one of: {', '.join(VERDICTS)}")
+    for key in ("paper", "why", "result", "notes"):
+        if not isinstance(data.get(key, ""), str):
+            raise _fail(path, f"{key} must be text")
+    env = data.get("env")
+    if env is not None and not isinstance(env, str):
+        raise _fail(path, f"env must be an env name, got {env!r}")
+    study = Study(
+        name=path.stem,
+        path=path,
+        title=data["title"].strip(),
+        claim=data["claim"].strip(),
+        arms=arms,
+        seeds=seeds,
+        paper=data.get("paper", ""),
+        env=env,
+        overrides=_strings(path, "overrides", data.get("overrides")),
+        iterations=iterations,
+        reference=reference,
+        verdict=verdict,
+        why=data.get("why", ""),
+        result=data.get("result", ""),
+        notes=data.get("notes", ""),
+    )
+    for arm in arms:  # every arm's config loads (names, values, files) before any run
+        try:
+            load_config(arm.recipe, [*study.common_overrides(), *arm.overrides])
+        except ConfigError as exc:
+            raise _fail(path, f"arm {arm.name}: {exc}") from None
+    return study
+
+
+def run_study(
+    study: Study,
+    *,
+    out_root: Path = Path("runs/studies"),
+    docs: Path | None = Path("docs/studies"),
+    jobs: int = 1,
+    on_run: Any = None,
+    command: str | None = None,
+) -> list[RecipeSummary]:
+    """Train the study's arms × seeds (resumable) into ``out_root/<name>``; with
+    ``docs``, write its page and refresh the index there. Returns the summaries."""
+    out_dir = Path(out_root) / study.name
+    summaries = compare(
+        study.arms,
+        study.seeds,
+        overrides=study.common_overrides(),
+        out_dir=out_dir,
+        reference=study.reference,
+        on_run=on_run,
+        jobs=jobs,
+    )
+    if docs is not None:
+        write_page(study, out_dir, Path(docs), command or f"credo study {study.path}")
+        write_index(study.path.parent, Path(docs))
+    return summaries
+
+
+def write_page(study: Study, out_dir: Path, docs: Path, command: str) -> Path:
+    """``docs/<name>.md`` from the study file and the comparison in ``out_dir`` (its
+    table ``compare.md``, its seeds in ``compare.json`` and its plot ``compare.png``)."""
+    data = json.loads((out_dir / "compare.json").read_text())
+    img = docs / "img" / f"{study.name}.png"
+    img.parent.mkdir(parents=True, exist_ok=True)
+    if (out_dir / "compare.png").exists():
+        shutil.copyfile(out_dir / "compare.png", img)
+    arm_rows = [[a.name, a.recipe, " ".join(a.overrides) or "—"] for a in study.arms]
+    common = " ".join(shlex.quote(o) for o in study.common_overrides())
+    lines = [
+        f"# {study.title}",
+        "",
+        f"**Claim.** {study.claim}",
+        "",
+        *([f"**Paper.** {study.paper}", ""] if study.paper else []),
+        f"**Verdict: {study.verdict}.** {study.why}".rstrip(),
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Study file: [`{study.path.name}`](../../studies/{study.path.name}). "
+        f"Seeds {', '.join(map(str, data['seeds']))}; every arm: "
+        f"`{common or 'the recipe defaults'}`.",
+        "",
+        markdown_table(["arm", "recipe", "its overrides"], arm_rows),
+        "",
+        (out_dir / "compare.md").read_text().strip(),
+        "",
+        f"![training success vs env steps, every arm, band = min-max over seeds](img/{study.name}.png)",
+        "",
+    ]
+    if study.notes.strip():
+        lines += [study.notes.strip(), ""]
+    page = docs / f"{study.name}.md"
+    docs.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(page, "\n".join(lines))
+    return page
+
+
+def write_index(studies: Path, docs: Path) -> Path:
+    """``docs/README.md``: one row per study file in ``studies`` (title, paper, claim,
+    credo's result, verdict and why), linking each page."""
+    rows = []
+    for path in sorted(Path(studies).glob("*.yaml")):
+        s = load_study(path)
+        page = f"[{s.title}]({s.name}.md)" if (docs / f"{s.name}.md").exists() else s.title
+        rows.append([page, s.paper or "—", s.claim, s.result or "—", s.verdict, s.why or "—"])
+    text = "\n".join(
+        [
+            "# Studies",
+            "",
+            "Each row is a study file in `studies/`, re-run with `credo study studies/NAME.yaml"
+            " --jobs 2` (resumable; about an hour on 2 cores unless its page says otherwise). "
+            "Its page holds the command, the table with every seed and the plot.",
+            "",
+            markdown_table(["study", "paper", "claim", "credo's result", "verdict", "why"], rows),
+            "",
+        ]
+    )
+    index = docs / "README.md"
+    docs.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(index, text)
+    return index

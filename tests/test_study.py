@@ -1,0 +1,175 @@
+"""Study files (:mod:`credo.train.study`) and arms in ``credo compare``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from credo.cli import main
+from credo.train.compare import Arm, compare
+from credo.train.config import ConfigError
+from credo.train.study import load_study, run_study, write_index
+from small_run import SMALL
+
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+
+
+def _study(tmp_path: Path, **fields: object) -> Path:
+    data: dict[str, object] = {
+        "title": "two schedules",
+        "claim": "more steps per batch learn more",
+        "overrides": [*SMALL, "eval.episodes=8"],
+        "iterations": 1,
+        "seeds": [0],
+        "reference": "one",
+        "arms": [
+            {"name": "one", "recipe": "grpo", "overrides": ["optim.minibatches=1"]},
+            {"name": "two", "recipe": "grpo", "overrides": ["optim.minibatches=2"]},
+        ],
+    }
+    data.update(fields)
+    path = tmp_path / "studies" / "tiny.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"colour": "red"}, r"unknown field\(s\) colour; fields: arms, claim"),
+        ({"arms": []}, r"needs arms: a list of \{name, recipe, overrides\}"),
+        ({"claim": ""}, r"needs a claim"),
+        ({"seeds": 0}, r"seeds must be a positive count or a list of seeds, got 0"),
+        ({"iterations": -3}, r"iterations must be a positive integer, got -3"),
+        ({"reference": "three"}, r"reference 'three' is not an arm; arms: one, two"),
+        ({"verdict": "great"}, r"verdict 'great' is not one of: reproduced in kind"),
+        ({"overrides": ["optim.lr"]}, r"overrides must be a list of key=value strings"),
+        (
+            {"arms": [{"name": "a", "recipe": "grpo"}, {"name": "a", "recipe": "gigpo"}]},
+            r"arm names must differ: a, a",
+        ),
+        (
+            {"arms": [{"name": "one", "recipe": "grpo", "overrides": ["credit.estimator=gipo"]}]},
+            r"arm one: unknown estimator 'gipo'. Did you mean 'gigpo'",
+        ),
+        (
+            {"arms": [{"recipe": "no_such_recipe"}], "reference": None},
+            r"arm no_such_recipe: unknown recipe",
+        ),
+    ],
+)
+def test_a_bad_study_file_is_one_line_naming_the_file(
+    tmp_path: Path, fields: dict, message: str
+) -> None:
+    path = _study(tmp_path, **fields)
+    with pytest.raises(ConfigError, match=rf"^study {path}: {message}"):
+        load_study(path)
+
+
+def test_the_cli_refuses_a_bad_study_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = _study(tmp_path, reference="three")
+    assert main(["study", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: study") and "reference 'three'" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "runs").exists()
+    assert main(["study", str(tmp_path / "none.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_the_shipped_studies_load_and_are_indexed() -> None:
+    """Every study file in studies/ loads (names, recipes, every arm's overrides) and
+    has a row in docs/studies/README.md."""
+    files = sorted(STUDIES.glob("*.yaml"))
+    assert files
+    index = (STUDIES.parent / "docs" / "studies" / "README.md").read_text()
+    for f in files:
+        s = load_study(f)
+        assert s.title in index, f"{f.name} has no row in docs/studies/README.md"
+
+
+def test_a_study_trains_its_arms_writes_its_page_and_resumes(tmp_path: Path) -> None:
+    path = _study(tmp_path, verdict="answered", why="two steps: +x points", notes="Read *this*.")
+    study = load_study(path)
+    docs = tmp_path / "docs"
+    summaries = run_study(study, out_root=tmp_path / "runs", docs=docs, command="credo study X")
+    assert [s.recipe for s in summaries] == ["one", "two"]
+    runs = tmp_path / "runs" / "tiny"
+    for arm in ("one", "two"):
+        cfg = yaml.safe_load((runs / f"{arm}-seed0" / "config.yaml").read_text())
+        assert cfg["optim"]["minibatches"] == (1 if arm == "one" else 2)
+        assert cfg["train"]["iterations"] == 1
+    page = (docs / "tiny.md").read_text()
+    assert page.startswith("# two schedules\n")
+    assert "**Verdict: answered.** two steps: +x points" in page
+    assert "credo study X" in page and "| one | grpo | optim.minibatches=1 |" in page
+    assert "Read *this*." in page and "(img/tiny.png)" in page
+    assert (docs / "img" / "tiny.png").stat().st_size > 0
+    index = (docs / "README.md").read_text()
+    assert "[two schedules](tiny.md)" in index and "| answered | two steps: +x points |" in index
+    # a second run reads the finished runs: nothing trains again
+    stamp = (runs / "one-seed0" / "final_eval.json").stat().st_mtime_ns
+    again = run_study(study, out_root=tmp_path / "runs", docs=docs)
+    assert (runs / "one-seed0" / "final_eval.json").stat().st_mtime_ns == stamp
+    assert [s.final for s in again] == [s.final for s in summaries]
+
+
+def test_arms_of_one_recipe_in_compare(tmp_path: Path) -> None:
+    """The same recipe twice, under two arm names, with its own settings each."""
+    with pytest.raises(ConfigError, match="arm names must differ"):
+        compare([Arm("a", "grpo"), Arm("a", "gigpo")], [0], out_dir=tmp_path / "x")
+    with pytest.raises(ConfigError, match="--jobs must be a positive"):
+        compare([Arm("a", "grpo")], [0], out_dir=tmp_path / "x", jobs=0)
+    assert not (tmp_path / "x").exists()
+
+
+def _stable(line: str) -> dict:
+    """A metrics record without its timings."""
+    return {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+
+
+@pytest.mark.slow
+def test_jobs_train_side_by_side_with_the_same_results(tmp_path: Path) -> None:
+    """``--jobs 2``: each run in its own ``credo train`` process, the arms sharing a warm
+    start waiting for the first; the results equal one-at-a-time runs bit for bit."""
+    arms = [
+        Arm("one", "grpo", ("optim.minibatches=1",)),
+        Arm("two", "grpo", ("optim.minibatches=2",)),
+    ]
+    common = [*SMALL, "eval.episodes=8", "train.iterations=2"]
+    seq = compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "seq")
+    par = compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2)
+    assert [s.final for s in par] == [s.final for s in seq]
+    for name in ("one-seed0", "two-seed1"):
+        a = (tmp_path / "seq" / name / "metrics.jsonl").read_text().splitlines()
+        b = (tmp_path / "par" / name / "metrics.jsonl").read_text().splitlines()
+        assert [_stable(r) for r in a] == [_stable(r) for r in b]
+    assert (tmp_path / "par" / "one-seed0.log").exists()
+
+
+def test_write_index_lists_every_study(tmp_path: Path) -> None:
+    _study(tmp_path)
+    other = tmp_path / "studies" / "other.yaml"
+    other.write_text(
+        textwrap.dedent(
+            """
+            title: another
+            paper: "P"
+            claim: "C"
+            result: "R"
+            verdict: mixed
+            why: "W"
+            arms: [{recipe: grpo}]
+            """
+        )
+    )
+    index = write_index(tmp_path / "studies", tmp_path / "docs").read_text()
+    assert "| another | P | C | R | mixed | W |" in index
+    assert "| two schedules | — | more steps per batch learn more | — | pending | — |" in index
