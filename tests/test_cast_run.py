@@ -43,6 +43,7 @@ def stages(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "label": lab, "critic": crit}
 
 
+@pytest.mark.slow
 def test_label_and_critic_stages(stages: dict) -> None:
     root, lab, crit = stages["root"], stages["label"], stages["critic"]
     labels = load_labels(root / "label" / "labels.jsonl")
@@ -56,6 +57,7 @@ def test_label_and_critic_stages(stages: dict) -> None:
     assert (root / "critic" / "critic" / "critic.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_rl_with_the_critic_and_critique_sft(stages: dict, tmp_path: Path) -> None:
     critic = stages["root"] / "critic" / "critic"
     over = [
@@ -88,6 +90,7 @@ def test_rl_with_the_critic_and_critique_sft(stages: dict, tmp_path: Path) -> No
     assert (tmp_path / "sft" / "policy" / "config.json").is_file()
 
 
+@pytest.mark.slow
 def test_penalise_costs_exactly_the_penalty(stages: dict, tmp_path: Path) -> None:
     critic = stages["root"] / "critic" / "critic"
     runs = {}

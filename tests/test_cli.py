@@ -116,6 +116,7 @@ class GridEnv:
 '''
 
 
+@pytest.mark.slow
 def test_minimal_env_fails_early_with_the_method_to_add(tmp_path: Path) -> None:
     """Issue 16 item 1: the README's five methods only, `--env myenv:GridEnv`. The env never
     prints its action words, so the built-in model could never write one: training stops
@@ -143,6 +144,7 @@ def test_minimal_env_without_oracle_and_warm_start(
 
 
 # ------------------------------------------------------------------ train (subprocess)
+@pytest.mark.slow
 def test_train_happy_path_overrides_anywhere_and_first_row(tmp_path: Path) -> None:
     """Overrides before and after options; the env given as a file path; the table's first
     row says there was no warm start; the run folder sits directly in runs/."""
@@ -166,6 +168,7 @@ def test_train_happy_path_overrides_anywhere_and_first_row(tmp_path: Path) -> No
     assert yaml.safe_load((run / "config.yaml").read_text())["optim"]["lr"] == 1e-4
 
 
+@pytest.mark.slow
 def test_bad_env_class_is_one_line_in_a_subprocess(tmp_path: Path) -> None:
     res = _cli("train", "--env", "json:JSONDecoder", cwd=tmp_path)
     assert res.returncode == 2
@@ -391,6 +394,7 @@ def test_resume_of_a_finished_run_says_so(
     _one_error_line(err, "only train.iterations")
 
 
+@pytest.mark.slow
 def test_resume_extends_a_finished_run_exactly(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -444,6 +448,7 @@ def test_config_prints_every_key_with_meaning_and_is_a_recipe(
 
 
 # ------------------------------------------------------------------ play
+@pytest.mark.slow
 def test_play_turns_and_why_it_ended(tmp_path: Path) -> None:
     res = _cli(
         "play", "--env", "examples.custom_env:GuessEnv", "env.kwargs.max_turns=2", "--split",

@@ -43,6 +43,8 @@ from credo.train.config import load_config
 from credo.train.run import build_run
 from credo.train.update import UpdateContext, policy_update
 
+pytestmark = pytest.mark.slow  # the slow tier: several processes (torchrun, gloo)
+
 CREDO_SRC = Path(credo.__file__).resolve().parents[1]
 REPO = CREDO_SRC.parent
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -267,7 +269,7 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in json.loads(x).items() if not k.startswith(VOLATILE)} for x in lines]
 
 
-@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is installed with torch")
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed (it comes with torch)")
 def test_torchrun_train_and_resume(tmp_path: Path) -> None:
     iterations = 3
     train_args = [

@@ -215,6 +215,7 @@ def _train(tmp: Path, name: str, extra: list[str]) -> list[dict]:
     return train(cfg, quiet=True).metrics
 
 
+@pytest.mark.slow
 def test_training_runs_log_the_mismatch_zero_for_hf_and_exact_for_a_shifted_engine(
     tmp_path: Path,
 ) -> None:

@@ -19,6 +19,10 @@ from credo.policy.tokenizer import build_word_tokenizer
 from credo.train.check_env import check_env
 from tw_games import TW_OPTIONS
 
+pytestmark = (
+    pytest.mark.slow
+)  # the slow tier: TextWorld: games generated with tw-make, training on them
+
 
 def _env(cache: Path, **kw) -> TextWorldEnv:
     return make_env("textworld", cache_dir=str(cache), **{**TW_OPTIONS, **kw})
@@ -141,7 +145,6 @@ def test_a_missing_package_is_one_line(monkeypatch) -> None:
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.slow
 def test_sero_trains_on_textworld(tw_cache: Path, tmp_path: Path) -> None:
     """Two SERO iterations (GRPO plus oracle continuations) of the built-in model on the
     training game: every iteration restores the game at states the policy reached

@@ -165,6 +165,7 @@ KILL_POINTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_kill_at_write_point_then_resume_is_identical(
     point: str, reference: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -207,6 +208,7 @@ def test_kill_at_write_point_then_resume_is_identical(
     _resume_matches(reference, tmp_path / point, cfg)
 
 
+@pytest.mark.slow
 def test_resume_before_the_first_checkpoint_does_not_duplicate_metrics(
     reference: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -232,6 +234,7 @@ def test_resume_before_the_first_checkpoint_does_not_duplicate_metrics(
     _resume_matches(reference, tmp_path / "early", cfg)
 
 
+@pytest.mark.slow
 def test_kill_while_resume_rewrites_config_and_metrics(
     reference: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -266,6 +269,7 @@ def test_kill_while_resume_rewrites_config_and_metrics(
     _resume_matches(reference, run, cfg)
 
 
+@pytest.mark.slow
 def test_real_sigkill_of_a_subprocess_then_resume_is_identical(
     reference: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -307,6 +311,7 @@ def test_real_sigkill_of_a_subprocess_then_resume_is_identical(
     _resume_matches(reference, run, _cfg(tmp_path, "sigkill"))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_like_ctrl_c_and_resume_is_identical(
     reference: dict[str, Any],
     tmp_path: Path,

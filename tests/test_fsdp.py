@@ -48,6 +48,8 @@ from test_distributed import (
     run_launcher,
 )
 
+pytestmark = pytest.mark.slow  # the slow tier: several processes, sharded training (FSDP2)
+
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 FSDP_YAML = REPO / "examples" / "accelerate" / "fsdp.yaml"
 RUN_S = 150  # one launch's deadline
@@ -243,7 +245,9 @@ def assert_full_checkpoints(full: Path) -> None:
     assert sorted(tuple(v.shape) for k, v in moments.items() if k.endswith("exp_avg")) == shapes
 
 
-@pytest.mark.skipif(not ACCELERATE.exists(), reason="accelerate is installed with credo")
+@pytest.mark.skipif(
+    not ACCELERATE.exists(), reason="accelerate not installed (make smollm installs it)"
+)
 def test_accelerate_fsdp_train_and_resume(tmp_path: Path) -> None:
     iterations = 2
     out = _accelerate(

@@ -32,6 +32,8 @@ from fuzz_util import (
     fuzz_settings,
 )
 
+pytestmark = pytest.mark.slow  # the slow tier: fuzzing the built-in envs
+
 #: Tool messages are capped; the longest are order lists and policies.
 TOOLS_LIMITS = dict(max_observation_chars=2000, max_state_key_chars=400)
 SHOP_VERBS = ("search", "click", "choose", "back", "buy")

@@ -32,6 +32,8 @@ from fuzz_util import (
 from test_fuzz_envs import _then_oracle
 from tw_games import TW_OPTIONS
 
+pytestmark = pytest.mark.slow  # the slow tier: fuzzing third-party envs
+
 TEXTARENA = ["GuessTheNumber-v0", "TowerOfHanoi-v0", "FrozenLake-v0", "Minesweeper-v0-small"]
 #: Words of the bracketed forms (TextArena moves are ``[...]``: ``[up]``, ``[a c]``).
 TEXTARENA_VERBS = ("up", "a", "move", "guess")

@@ -25,7 +25,8 @@ from credo.utils.cache import cache_dir
 #: Only the tests that build adapters need peft; full fine-tuning, tied-embedding
 #: checkpoints and partial scoring run without it.
 needs_peft = pytest.mark.skipif(
-    importlib.util.find_spec("peft") is None, reason="LoRA needs peft (make smollm installs it)"
+    importlib.util.find_spec("peft") is None,
+    reason="peft not installed: LoRA needs it (make smollm installs it)",
 )
 
 SMALL = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)

@@ -186,6 +186,7 @@ def test_bad_input_is_one_line_before_compute(
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
+@pytest.mark.slow
 def test_bad_input_through_the_credo_command(tmp_path: Path) -> None:
     """The real command, in a subprocess (one: each costs an interpreter start): an
     override naming no stage. Missing files are refused in-process below."""
@@ -242,6 +243,7 @@ SMALL = [
 ]
 
 
+@pytest.mark.slow
 def test_spatialcli_end_to_end(tmp_path: Path) -> None:
     spec = load_pipeline(SPATIALCLI, [*SMALL, f"runs_dir={tmp_path}"])
     assert [(s.name, s.kind) for s in spec.stages] == [

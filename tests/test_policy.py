@@ -144,6 +144,7 @@ def test_topk_logprobs_are_the_samplers_head_and_leave_sampling_unchanged() -> N
     assert bool((top.topk_logprobs[:, :1] >= top.topk_logprobs[:, 1:]).all())
 
 
+@pytest.mark.slow
 def test_saving_on_a_cpu_does_not_print_deepspeeds_accelerator_guess(tmp_path) -> None:
     """accelerate imports DeepSpeed (the ``deepspeed`` extra) inside ``save_pretrained``;
     on a machine without a GPU DeepSpeed then warned, on every run's first save, that it
@@ -152,6 +153,7 @@ def test_saving_on_a_cpu_does_not_print_deepspeeds_accelerator_guess(tmp_path) -
     import sys
 
     pytest.importorskip("deepspeed")
+    pytest.importorskip("accelerate")  # save_pretrained imports DeepSpeed only through it
     code = (
         "from credo.policy import create_tiny_policy\n"
         "from credo.policy.tiny import TinyModelConfig\n"

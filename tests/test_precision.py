@@ -122,6 +122,7 @@ def test_bad_settings_stop_in_one_line() -> None:
         enable_mixed_precision(half.model, "bf16")
 
 
+@pytest.mark.slow
 def test_a_training_run_in_mixed_precision_has_signal(tmp_path) -> None:
     from credo.train.loop import train
 

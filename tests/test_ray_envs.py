@@ -38,6 +38,8 @@ from examples.custom_env import GuessEnv  # noqa: E402
 
 from ray_fault_envs import FaultyGuess  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the slow tier: a local Ray and its actors
+
 WAIT_S = 60.0  # the longest any test here waits on Ray directly
 
 

@@ -874,6 +874,7 @@ async def _agent(task: _Task, client, session_id: str):  # type: ignore[no-untyp
     return {"reward": 1.0, "success": True} if g == 0 else 0.5
 
 
+@pytest.mark.slow
 def test_run_agent_episodes_fails_only_the_bad_episodes(policy) -> None:  # type: ignore[no-untyped-def]
     tasks = [_Task("t0", "hello"), _Task("t1", "red blue")]
     res = run_agent_episodes(policy, _agent, tasks, group_size=3, timeout_s=2.0, stop_timeout_s=5)

@@ -145,3 +145,45 @@ def test_the_wall_clock_check_finds_what_it_should() -> None:
         "    assert wall < 1\n"  # 26
     )
     assert flagged == [6, 13, 16, 26]
+
+
+def test_a_skip_for_a_missing_package_fails_under_make_test(tmp_path: Path) -> None:
+    """``make test`` sets CREDO_REQUIRE_EXTRAS=1 (it installs every package the tests use):
+    a test skipped because a package is not installed then fails, naming it; a skip for
+    another reason stays a skip; plain ``pytest`` still allows both."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_extra.py").write_text(
+        "import pytest\n\n\n"
+        "def test_needs_a_package():\n"
+        "    pytest.importorskip('no_such_package_for_credo')\n\n\n"
+        "@pytest.mark.skipif(True, reason='peft not installed: make smollm installs it')\n"
+        "def test_needs_peft():\n"
+        "    pass\n\n\n"
+        "@pytest.mark.skipif(True, reason='this machine has a CUDA device')\n"
+        "def test_cpu_only():\n"
+        "    pass\n"
+    )
+
+    def run(require: bool) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "CREDO_REQUIRE_EXTRAS"}
+        if require:
+            env["CREDO_REQUIRE_EXTRAS"] = "1"
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfs", str(tmp_path)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    plain = run(False)
+    assert plain.returncode == 0 and "3 skipped" in plain.stdout, plain.stdout
+    strict = run(True)
+    assert strict.returncode == 1, strict.stdout
+    # importorskip skips in the call (a failure), a skipif mark in the setup (an error)
+    assert "1 failed, 1 skipped, 1 error" in strict.stdout
+    assert (
+        "no_such_package_for_credo" in strict.stdout and "CREDO_REQUIRE_EXTRAS=1" in strict.stdout
+    )

@@ -169,7 +169,9 @@ def test_every_shop_glob_names_a_real_method() -> None:
 
 
 def test_decorated_estimators_get_mutants() -> None:
-    pytest.importorskip("mutmut", reason="make mutate needs mutmut (the dev extra)")
+    pytest.importorskip(
+        "mutmut", reason="mutmut not installed: make mutate needs it (the dev extra)"
+    )
     target = mutate.Target(files=["src/credo/credit/grpo.py"], tests=[], sample=10)
     every = mutate.all_mutants(ROOT, target)
     funcs = {n.split("__mutmut_")[0] for n in every}

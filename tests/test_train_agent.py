@@ -56,6 +56,7 @@ def _stable(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
 
 
+@pytest.mark.slow
 def test_credo_train_agent_learns_from_the_agents_episodes(tmp_path: Path) -> None:
     """The CLI path end to end: the steps the agent's requests produced carry a learning
     signal (non-zero advantages, a non-zero gradient, changed weights), the run's
@@ -85,6 +86,7 @@ def test_credo_train_agent_learns_from_the_agents_episodes(tmp_path: Path) -> No
     assert saved["sampler_state"] == {"weights_version": 2}
 
 
+@pytest.mark.slow
 def test_a_raising_agent_fails_only_its_episode(tmp_path: Path) -> None:
     res = train(
         load_config("grpo", _tiny(tmp_path, "flaky", 2, f"rollout.agent={AGENTS}:flaky_agent")),
@@ -99,6 +101,7 @@ def test_a_raising_agent_fails_only_its_episode(tmp_path: Path) -> None:
     assert res.final is not None and res.final.errors == odd and res.final.episodes == 4
 
 
+@pytest.mark.slow
 def test_resume_with_the_agent_sampler_continues_exactly(tmp_path: Path) -> None:
     """With one agent at a time the server's batches, hence the samples, do not depend
     on timing: a run stopped after iteration 1 and resumed equals the run in one go."""

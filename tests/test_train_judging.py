@@ -292,6 +292,7 @@ def test_judge_section_checks(tmp_path: Path) -> None:
     assert not load_config("grpo").judge.enabled
 
 
+@pytest.mark.slow
 def test_a_fitted_judge_is_saved_and_loaded_as_judge_model(tmp_path: Path) -> None:
     """``benchmarks/serpo_agreement.py --fit-steps N --save DIR`` writes a judge that
     ``examples/serpo_tools.yaml`` takes as ``judge.model``/``judge.rubric`` and scores with

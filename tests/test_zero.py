@@ -21,7 +21,10 @@ import pytest
 
 from credo.train import zero
 
-pytest.importorskip("deepspeed", reason="pip install 'credo[deepspeed]' (make install does)")
+pytest.importorskip(
+    "deepspeed",
+    reason="deepspeed not installed: pip install 'credo[deepspeed]' (make install does)",
+)
 
 from test_distributed import TINY
 from test_fsdp import (
@@ -30,6 +33,8 @@ from test_fsdp import (
     assert_sharded_run,
     ranks_equal_one_process,
 )
+
+pytestmark = pytest.mark.slow  # the slow tier: several processes, DeepSpeed ZeRO
 
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 DS_YAML = Path(__file__).resolve().parents[1] / "examples" / "accelerate" / "deepspeed.yaml"
@@ -43,7 +48,9 @@ def test_zero2_update_equals_one_process(tmp_path: Path) -> None:
     ranks_equal_one_process(ZERO2_ENV, tmp_path)
 
 
-@pytest.mark.skipif(not ACCELERATE.exists(), reason="accelerate is installed with credo")
+@pytest.mark.skipif(
+    not ACCELERATE.exists(), reason="accelerate not installed (make smollm installs it)"
+)
 def test_accelerate_zero1_train_and_resume(tmp_path: Path) -> None:
     iterations = 2
     launch = ["--config_file", str(DS_YAML), "--zero_stage", "1"]
