@@ -25,7 +25,9 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"data", "envs", "policy", "rollout", "utils"},
     "tasks": {"data", "envs", "utils"},
     "critics": {"data", "envs", "policy", "rollout", "utils"},
+    "engines": {"data", "policy", "rollout", "utils"},
     "train": {
+        "engines",
         "critics",
         "data",
         "tasks",

@@ -1,4 +1,4 @@
-"""Data-parallel training (:mod:`credo.train.distributed`) with 2 gloo processes on 127.0.0.1.
+"""Data-parallel training (:mod:`credo.engines.distributed`) with 2 gloo processes on 127.0.0.1.
 
 - One update on the same global batch in 2 processes gives the weights, the metrics and
   the gathered forest of 1 process (the processes are spawned; each builds the same run,
@@ -34,11 +34,11 @@ from safetensors.torch import load_file, save_file
 
 import credo
 from credo.credit import compute_advantages
+from credo.engines import distributed as dp
 from credo.envs.base import Task
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
 from credo.rollout import RolloutResult
-from credo.train import distributed as dp
 from credo.train.config import load_config
 from credo.train.run import build_run
 from credo.train.update import UpdateContext, policy_update

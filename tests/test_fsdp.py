@@ -1,4 +1,4 @@
-"""Sharded training (:mod:`credo.train.fsdp`) with 2 gloo processes on 127.0.0.1.
+"""Sharded training (:mod:`credo.engines.fsdp`) with 2 gloo processes on 127.0.0.1.
 
 - One update on the same global batch with a trainer sharded by ``fully_shard`` (as an
   accelerate FSDP config asks: ``ACCELERATE_USE_FSDP=true``) gives the weights, the
@@ -26,11 +26,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from credo.engines import distributed as dp
+from credo.engines import fsdp, zero
 from credo.envs.base import Task
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
-from credo.train import distributed as dp
-from credo.train import fsdp, zero
 from credo.train.config import load_config
 from credo.train.run import build_run
 from credo.train.update import UpdateContext, policy_update

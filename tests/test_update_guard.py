@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from credo.train import fsdp
+from credo.engines import fsdp
 from credo.train import update as upd
 from credo.train.config import ConfigError, load_config
 from credo.train.update import UpdateContext, policy_update

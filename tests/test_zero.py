@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-1/2 (:mod:`credo.train.zero`) with 2 gloo processes on 127.0.0.1.
+"""DeepSpeed ZeRO-1/2 (:mod:`credo.engines.zero`) with 2 gloo processes on 127.0.0.1.
 
 - One update on the same global batch with credo's AdamW inside a ZeRO-2 engine (as an
   accelerate DeepSpeed config asks: ``ACCELERATE_USE_DEEPSPEED=true``) gives the weights,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from credo.train import zero
+from credo.engines import zero
 
 pytest.importorskip(
     "deepspeed",

@@ -21,9 +21,9 @@ import torch
 
 from credo.credit import advantage_stats, compute_advantages
 from credo.data import RolloutForest
+from credo.engines import distributed as dp
+from credo.engines import fsdp
 from credo.rollout import RolloutResult, oracle_batch, split_oracle
-from credo.train import distributed as dp
-from credo.train import fsdp
 from credo.train.profiles import attach_profile_reference, needs_profiles
 from credo.train.run import Run
 from credo.train.state import TrainState
@@ -61,7 +61,7 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     )
     rollout = dp.gather_rollouts(rollout, offset)
     forest, oracle_rows = split_oracle(rollout.forest)  # oracle rows: no credit, no RL loss
-    trainer = state.trainer or state.policy  # FSDP: the sharded copy (credo.train.fsdp)
+    trainer = state.trainer or state.policy  # FSDP: the sharded copy (credo.engines.fsdp)
     update = UpdateContext(trainer, state.optimizer, cfg, state.reference, zero=state.zero)
     if cfg.objective.kl_reward_coef > 0:  # KL to the reference as a cost in the reward
         penalty = kl_reward_penalty_rows(

@@ -31,10 +31,10 @@ from typing import Any
 
 import yaml
 
+from credo.engines import distributed as dp
+from credo.engines import fsdp
 from credo.eval.evaluate import EvalResult
 from credo.rollout.envguard import EnvErrorLog, EnvFailure, env_guard
-from credo.train import distributed as dp
-from credo.train import fsdp
 from credo.train.checkpoint import clean_partial, latest_checkpoint, restore_rng, rng_snapshot
 from credo.train.config import Config
 from credo.train.health import HealthMonitor

@@ -19,6 +19,9 @@ from typing import Any
 import torch
 
 from credo.credit import estimator_state_factory
+from credo.engines import distributed as dp
+from credo.engines import fsdp, zero
+from credo.engines.zero import Zero
 from credo.envs.base import Task
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import shared_reference, trainable_parameters
@@ -26,15 +29,12 @@ from credo.policy.tiny import is_tiny
 from credo.rollout import SamplerContext, sample_groups
 from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
-from credo.train import distributed as dp
-from credo.train import fsdp, zero
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
 from credo.train.judging import Judging
 from credo.train.profiles import needs_profiles
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
 from credo.train.teaching import Teaching
-from credo.train.zero import Zero
 
 __all__ = ["TrainState", "seed_estimator_state"]
 
@@ -56,9 +56,9 @@ class TrainState:
         tasks: the task source (``tasks.source``; RODS's buffer is state too).
         trainer: with an accelerate FSDP config, the sharded copy of ``policy`` that the
             optimizer updates (``policy`` is then the full sampling copy, refreshed after
-            every update: :mod:`credo.train.fsdp`); ``None`` otherwise.
+            every update: :mod:`credo.engines.fsdp`); ``None`` otherwise.
         zero: with an accelerate DeepSpeed config, the ZeRO-1/2 engine around
-            ``optimizer`` (:mod:`credo.train.zero`); ``None`` otherwise.
+            ``optimizer`` (:mod:`credo.engines.zero`); ``None`` otherwise.
     """
 
     policy: HFPolicy

@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 import torch
 
 from credo.data import RolloutForest, TokenBatch
+from credo.engines import distributed as dp
+from credo.engines import fsdp
+from credo.engines.zero import Zero
 from credo.objectives import (
     LossInputs,
     action_logprobs,
@@ -53,10 +56,7 @@ from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
 from credo.rollout import OracleBatch
 from credo.teachers import teacher_extra_ids, teacher_loss_extras
-from credo.train import distributed as dp
-from credo.train import fsdp
 from credo.train.config import Config
-from credo.train.zero import Zero
 
 __all__ = ["UpdateContext", "kl_reward_penalty_rows", "policy_update", "score_batch"]
 
@@ -68,7 +68,7 @@ ENGINE_LOGPROBS = "engine_logprobs"
 class UpdateContext:
     """What an update needs besides the batch (``engine_diffs``: the per-token
     ``log π_trainer − log π_engine`` of the rollouts, collected by the update; ``zero``:
-    the DeepSpeed ZeRO engine that back-propagates and steps, :mod:`credo.train.zero`)."""
+    the DeepSpeed ZeRO engine that back-propagates and steps, :mod:`credo.engines.zero`)."""
 
     policy: HFPolicy
     optimizer: torch.optim.Optimizer

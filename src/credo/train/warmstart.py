@@ -22,13 +22,13 @@ from typing import Any
 
 import torch
 
+from credo.engines import distributed as dp
 from credo.envs.base import resolve_env
 from credo.eval.evaluate import EvalResult
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import merge_lora
 from credo.rollout.render import Turn
 from credo.teachers import privileged_prompt_ids
-from credo.train import distributed as dp
 from credo.train.config import Config, config_hash
 from credo.train.progress import Progress
 from credo.train.run import Run, add_adapters, max_new_tokens

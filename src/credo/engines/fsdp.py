@@ -2,7 +2,7 @@
 config file (``distributed_type: FSDP``; ``accelerate launch`` then sets
 ``ACCELERATE_USE_FSDP=true`` and the ``FSDP_*`` variables this module reads).
 
-How a sharded run keeps the exact update of :mod:`credo.train.distributed` (the 1-process
+How a sharded run keeps the exact update of :mod:`credo.engines.distributed` (the 1-process
 update on the same global batch) and still samples with the full weights:
 
 1. **Two copies of the model.** ``TrainState.policy`` stays a full, unsharded model in
@@ -18,7 +18,7 @@ update on the same global batch) and still samples with the full weights:
    forward/backward passes per optimizer step. ``policy_update`` gives rank ``r`` every
    N-th micro-batch (unequal counts when N does not divide their number); a rank with
    fewer back-propagates :func:`idle_loss` (a real micro-batch, × 0) until the counts are
-   equal (:func:`credo.train.distributed.padding`). Its gradient is exactly zero, so the
+   equal (:func:`credo.engines.distributed.padding`). Its gradient is exactly zero, so the
    gradients stay those of one process.
 3. **Summed gradients.** FSDP averages by default; credo's micro-batch losses already add
    up to the mini-batch loss, so the reduce-scatter must sum (:func:`shard_policy` sets

@@ -24,7 +24,7 @@ What N processes do, and why the result is the 1-process update on the same glob
    (:func:`reduce_gradients`), which is the gradient of the whole mini-batch — the same
    one a single process accumulates. Clipping and the AdamW step then run on identical
    gradients in every rank, so the weights stay equal without a broadcast.
-   With an accelerate FSDP config the trainer is sharded (:mod:`credo.train.fsdp`):
+   With an accelerate FSDP config the trainer is sharded (:mod:`credo.engines.fsdp`):
    every rank then runs the same number of passes (:func:`padding`) and FSDP's
    reduce-scatter does the sum.
 4. **Rank 0 owns the run folder**: the run lock, ``config.yaml``, checkpoints (already
@@ -56,8 +56,8 @@ import torch
 import torch.distributed as dist
 
 from credo.data import RolloutForest
+from credo.engines import fsdp, zero
 from credo.rollout import RolloutResult
-from credo.train import fsdp, zero
 from credo.utils.atomic import write_text_atomic
 
 __all__ = [
@@ -92,7 +92,7 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 1800.0
 
 #: What ``accelerate launch`` sets for the engines that shard the model (FSDP is supported:
-#: :mod:`credo.train.fsdp`; the others are refused, :data:`REFUSED_ENGINES`).
+#: :mod:`credo.engines.fsdp`; the others are refused, :data:`REFUSED_ENGINES`).
 SHARDED_ENGINES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_MEGATRON_LM")
 
 #: The sharded engines credo refuses, and why (one line each).
@@ -164,7 +164,7 @@ def setup(device: str = "auto") -> bool:
 
     With an accelerate FSDP or DeepSpeed config (``ACCELERATE_USE_FSDP``,
     ``ACCELERATE_USE_DEEPSPEED``), its settings are checked here
-    (:func:`credo.train.fsdp.settings`, :func:`credo.train.zero.stage`) and the training
+    (:func:`credo.engines.fsdp.settings`, :func:`credo.engines.zero.stage`) and the training
     state shards itself later (:func:`sharded`).
 
     Raises:
@@ -227,7 +227,7 @@ def _device() -> torch.device:
 
 def sharded() -> bool:
     """The training state is sharded over the processes (an accelerate FSDP or DeepSpeed
-    config, several processes): see :mod:`credo.train.fsdp` and :mod:`credo.train.zero`.
+    config, several processes): see :mod:`credo.engines.fsdp` and :mod:`credo.engines.zero`.
     Every rank then runs the same number of passes, and the engine reduces the gradients."""
     return active() and (fsdp.requested() or zero.requested())
 

@@ -3,7 +3,7 @@
 ``ACCELERATE_USE_DEEPSPEED=true`` and the ``ACCELERATE_DEEPSPEED_*`` variables this module
 reads).
 
-How a ZeRO run keeps the exact update of :mod:`credo.train.distributed` (the 1-process
+How a ZeRO run keeps the exact update of :mod:`credo.engines.distributed` (the 1-process
 update on the same global batch):
 
 1. **The weights stay whole in every process.** ZeRO-1 shards AdamW's moments (and the
@@ -16,7 +16,7 @@ update on the same global batch):
    micro-batch of each mini-batch as the step boundary itself.
 2. **Equal passes.** ZeRO-2 reduces gradient buckets during every backward, so the ranks
    pad their micro-batches with zero-weight passes exactly as under FSDP
-   (:func:`credo.train.distributed.padding`).
+   (:func:`credo.engines.distributed.padding`).
 3. **Summed gradients.** DeepSpeed averages the gradients over the ranks; each backward
    gets its loss × N, so the average is credo's sum (exact for N a power of two, within
    rounding otherwise).
@@ -28,7 +28,7 @@ update on the same global batch):
 
 Memory per process: the weights whole, plus 1/N of the fp32 master weights and AdamW
 moments (ZeRO-1) and of the gradients (ZeRO-2, transiently whole per bucket). ZeRO-3
-(sharded weights) is refused: use the FSDP config (:mod:`credo.train.fsdp`).
+(sharded weights) is refused: use the FSDP config (:mod:`credo.engines.fsdp`).
 
 Paper: Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models" (SC 2020), https://arxiv.org/abs/1910.02054.
