@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from credo.commands.cast import critic_stage, label_stage
 from credo.critics import critic_metrics, load_labels, save_trajectories, split_by_task
-from credo.train.cast import critic_stage, label_stage
 from credo.train.config import load_config
 from credo.train.run import build_run
 from credo.train.sft import collect_demonstrations

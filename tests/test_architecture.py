@@ -41,8 +41,18 @@ ALLOWED: dict[str, set[str]] = {
         "serve",
         "utils",
     },
-    "pipeline": {"data", "envs", "eval", "policy", "rollout", "train", "utils"},
-    "cli": {"train", "eval", "envs", "serve", "pipeline", "utils"},
+    "commands": {
+        "critics",
+        "data",
+        "envs",
+        "eval",
+        "policy",
+        "rollout",
+        "train",
+        "utils",
+    },
+    "pipeline": {"commands", "data", "envs", "eval", "policy", "rollout", "train", "utils"},
+    "cli": {"commands", "train", "eval", "envs", "serve", "pipeline", "utils"},
     "__main__": {"cli"},  # python -m credo (torchrun, accelerate launch)
 }
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from credo.commands.cast import critic_stage, critique_sft_stage, label_stage
 from credo.critics import CLASSES, load_labels
-from credo.train.cast import critic_stage, critique_sft_stage, label_stage
 from credo.train.config import load_config
 from credo.train.loop import train
 

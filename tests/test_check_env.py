@@ -1,4 +1,4 @@
-"""The env protocol checks (credo.train.check_env): each check catches the mistake it is
+"""The env protocol checks (credo.rollout.envcheck): each check catches the mistake it is
 for, names the method to fix, and passes a correct env."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from credo.envs import StepResult, Task
 from credo.policy.tokenizer import build_word_tokenizer
-from credo.train.check_env import (
+from credo.rollout.envcheck import (
     EnvCheckError,
     action_candidates,
     check_env,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from credo.cli import parse_args
-from credo.train.compare import split_overrides
+from credo.commands.compare import split_overrides
 from credo.train.config import ConfigError, load_config
 
 
@@ -64,7 +64,7 @@ def test_scoped_teacher_settings_load_for_their_recipe_and_leave_grpo_alone(tmp_
 def test_recipes_on_different_envs_are_refused_before_any_run(tmp_path) -> None:
     """``rapo`` names its own env (``tools`` with profiles); compared with ``grpo`` (on
     ``shop``) without one env for both, the two success rates would not compare."""
-    from credo.train.compare import compare
+    from credo.commands.compare import compare
 
     out = tmp_path / "cmp"
     with pytest.raises(
@@ -77,7 +77,7 @@ def test_recipes_on_different_envs_are_refused_before_any_run(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"different envs \(grpo on tools \{\}, rapo on tools"):
         compare(["grpo", "rapo"], [0], overrides=["env.name=tools"], out_dir=out)
     # the same kwargs written in another order are the same env
-    from credo.train.compare import _check_one_env
+    from credo.commands.compare import _check_one_env
 
     _check_one_env(
         ["grpo", "rapo"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from credo.train.compare import RecipeSummary, relate_to_reference, summary_table_rows
+from credo.commands.compare import RecipeSummary, relate_to_reference, summary_table_rows
 
 
 def _summary(recipe: str, final: list[float], curves: list[list[tuple[int, float]]]):
@@ -81,7 +81,7 @@ def test_a_reference_given_as_a_path_is_found_by_its_stem() -> None:
 def test_a_seed_that_never_reaches_counts_as_the_slowest() -> None:
     """Two of three seeds reach the reference: the median is the slower of them; one of
     three: not reached."""
-    from credo.train.compare import _per_seed_ratios
+    from credo.commands.compare import _per_seed_ratios
 
     assert _per_seed_ratios([0.5, None, 0.9]) == "0.90× (0.50× not reached 0.90×)"
     assert _per_seed_ratios([0.5, None, None]).startswith("not reached (")

@@ -15,7 +15,7 @@ from credo.envs.gym_env import GymEnv
 from credo.envs.gym_lights import ENV_ID, TextLightsEnv
 from credo.envs.thirdparty import MissingPackage
 from credo.policy.tokenizer import build_word_tokenizer
-from credo.train.check_env import check_env
+from credo.rollout.envcheck import check_env
 
 
 def test_the_shipped_text_env_is_a_gymnasium_env() -> None:

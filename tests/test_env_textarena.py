@@ -13,7 +13,7 @@ from credo.envs import Task, make_env
 from credo.envs.textarena_env import GAMES, TextArenaEnv, hanoi_next_move
 from credo.envs.thirdparty import MissingPackage
 from credo.policy.tokenizer import build_word_tokenizer
-from credo.train.check_env import check_env
+from credo.rollout.envcheck import check_env
 
 IDS = ["GuessTheNumber-v0", "TowerOfHanoi-v0", "FrozenLake-v0", "Minesweeper-v0-small"]
 

@@ -16,7 +16,7 @@ from credo.envs.textworld_env import TextWorldEnv, clean_text, normalize
 from credo.envs.textworld_games import DEFAULT_SETTINGS, game_file, tw_make_command
 from credo.envs.thirdparty import MissingPackage
 from credo.policy.tokenizer import build_word_tokenizer
-from credo.train.check_env import check_env
+from credo.rollout.envcheck import check_env
 from tw_games import TW_OPTIONS
 
 pytestmark = (

@@ -122,7 +122,7 @@ def test_cli_eval_with_trials(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_compare_shows_pass_hat_k_when_asked(tmp_path: Path) -> None:
-    from credo.train.compare import RecipeSummary, compare, summary_table_rows
+    from credo.commands.compare import RecipeSummary, compare, summary_table_rows
 
     s = RecipeSummary("grpo", final=[0.5, 0.7], iteration_s=[1.0], update_s=[0.5])
     s.pass_hat_k = {"1": [0.5, 0.7], "4": [0.2, 0.3]}

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import torch
 
+from credo.commands.compare import RecipeSummary, summary_table_rows
 from credo.envs import Task
 from credo.envs.tools import ToolsEnv, format_call
 from credo.eval.evaluate import evaluate
 from credo.policy import Generation, SamplingParams, build_word_tokenizer
 from credo.rollout import PlainRenderer
 from credo.rollout.render import PLAIN_WORDS
-from credo.train.compare import RecipeSummary, summary_table_rows
 
 MESSAGE = "resolved : refund $ 30 for the camera ; bye"
 

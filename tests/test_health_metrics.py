@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from credo.commands.compare import HEALTH_COLUMNS, RecipeSummary, _health, summary_table_rows
 from credo.credit import advantage_stats
 from credo.objectives.health import merge_extreme, ratio_extremes, sampler_kl
 from credo.objectives.metrics import k3_from_log_ratio
-from credo.train.compare import HEALTH_COLUMNS, RecipeSummary, _health, summary_table_rows
 from credo.train.update import score_batch
 from test_update import _batch, _policy, _run
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from credo.commands.evaluate import evaluate_target
 from credo.envs import StepResult, Task
 from credo.envs.shop import ShopEnv
 from credo.policy import HFPolicy, LoRAConfig, TinyModelConfig, apply_lora, create_tiny_policy
 from credo.policy.lora import merge_lora, shared_reference
 from credo.rollout.render import PLAIN_WORDS
-from credo.train.commands import evaluate_target
 from credo.train.config import ConfigError, load_config
 from credo.train.loop import train
 from credo.train.run import enable_gradient_checkpointing

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from credo.commands.evaluate import evaluate_target
+from credo.commands.sft import run_sft
 from credo.train import state as state_module
-from credo.train.commands import evaluate_target, run_sft
 from credo.train.config import load_config
 from credo.train.loop import train
 from credo.train.run import build_run

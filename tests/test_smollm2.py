@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from credo.commands.evaluate import evaluate_target
 from credo.credit import compute_advantages
 from credo.envs import Task
 from credo.envs.shop import ShopEnv
@@ -30,7 +31,6 @@ from credo.policy.models import (
 )
 from credo.rollout import sample_groups
 from credo.rollout.render import ChatRenderer, Turn
-from credo.train.commands import evaluate_target
 from credo.train.config import load_config
 from credo.train.run import add_adapters, build_run
 from credo.train.update import UpdateContext, policy_update

@@ -1,4 +1,4 @@
-"""Study files (:mod:`credo.train.study`) and arms in ``credo compare``."""
+"""Study files (:mod:`credo.commands.study`) and arms in ``credo compare``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from credo.cli import main
-from credo.train.compare import Arm, compare
+from credo.commands.compare import Arm, compare
+from credo.commands.study import load_study, run_study, write_index
 from credo.train.config import ConfigError
-from credo.train.study import load_study, run_study, write_index
 from small_run import SMALL
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"

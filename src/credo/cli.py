@@ -271,7 +271,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from credo.train.commands import run_sft
+    from credo.commands.sft import run_sft
     from credo.train.config import load_config
 
     _positive("--episodes", args.episodes)
@@ -289,7 +289,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from credo.train.commands import evaluate_target
+    from credo.commands.evaluate import evaluate_target
 
     _positive("--episodes", args.episodes)
     if args.run_dir is None and args.model is None:
@@ -436,7 +436,7 @@ def _play(env: Any, task: Any, name: str) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from credo.train.compare import RunFailed, compare, summary_table_rows
+    from credo.commands.compare import RunFailed, compare, summary_table_rows
 
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if not recipes:
@@ -477,9 +477,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    """``credo study FILE``: :mod:`credo.train.study`."""
-    from credo.train.compare import RunFailed, summary_table_rows
-    from credo.train.study import load_study, run_study
+    """``credo study FILE``: :mod:`credo.commands.study`."""
+    from credo.commands.compare import RunFailed, summary_table_rows
+    from credo.commands.study import load_study, run_study
 
     _positive("--jobs", args.jobs)
     study = load_study(args.file)
@@ -574,15 +574,12 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def cmd_check_env(args: argparse.Namespace) -> int:
-    from credo.train.check_env import check_env
+    from credo.commands.check_env import check_env_of
     from credo.train.config import load_config
-    from credo.train.run import check_tokenizer, env_factory
 
     _positive("--tasks", args.tasks)
     cfg = load_config(args.recipe, _overrides(args))
-    make = env_factory(cfg)
-    tokenizer, renderer = check_tokenizer(cfg, make)
-    report = check_env(make, tasks=args.tasks, tokenizer=tokenizer, renderer=renderer)
+    report = check_env_of(cfg, tasks=args.tasks)
     for name in report.passed:
         print(f"ok      {name}")
     for line in report.problems:

@@ -7,7 +7,7 @@ labeller` (replay and label), :mod:`~credo.critics.trajectories` (JSONL episodes
 :mod:`~credo.critics.critic` (the classifier), :mod:`~credo.critics.fit` (training and
 held-out metrics), :mod:`~credo.critics.metrics`, :mod:`~credo.critics.verify` (online
 guard), :mod:`~credo.critics.critique_sft` (SFT rows). The stages that tie them to a run
-live in :mod:`credo.train.cast`.
+live in :mod:`credo.commands.cast`.
 """
 
 from credo.critics.critic import Critic, critic_from_policy, load_critic, new_critic

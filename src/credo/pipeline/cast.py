@@ -1,6 +1,6 @@
 """CAST's stages for ``credo pipeline``: ``label``, ``critic`` and ``critique_sft``.
 
-Each wraps a stage function of :mod:`credo.train.cast` (``docs/cast.md``):
+Each wraps a stage function of :mod:`credo.commands.cast` (``docs/cast.md``):
 
 - ``label`` (accepts ``policy:``, ``trajectories:``; makes ``labels``, ``trajectories``):
   every action of the trajectories (or of fresh rollouts of the policy) marked ok or an
@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from credo.commands.cast import CORRECTIONS_FROM, critic_stage, critique_sft_stage, label_stage
 from credo.pipeline.registry import StageContext, StageResult, register_stage
-from credo.train.cast import CORRECTIONS_FROM, critic_stage, critique_sft_stage, label_stage
 
 __all__ = ["CriticParams", "CritiqueParams", "LabelParams"]
 
@@ -53,7 +53,7 @@ class LabelParams:
     params=LabelParams,
 )
 def label(ctx: StageContext) -> StageResult:
-    """:func:`credo.train.cast.label_stage` in the stage folder."""
+    """:func:`credo.commands.cast.label_stage` in the stage folder."""
     p: LabelParams = ctx.params
     m = label_stage(
         ctx.cfg,
@@ -72,7 +72,7 @@ def label(ctx: StageContext) -> StageResult:
 
 @dataclass
 class CriticParams:
-    """Knobs of the ``critic`` stage (:func:`credo.train.cast.critic_stage`).
+    """Knobs of the ``critic`` stage (:func:`credo.commands.cast.critic_stage`).
 
     Attributes:
         steps, batch_size, lr: the critic's optimisation (defaults 300, 32, 1e-3).
@@ -95,7 +95,7 @@ class CriticParams:
     "critic", needs=("labels",), accepts=("policy",), makes=("critic",), params=CriticParams
 )
 def critic(ctx: StageContext) -> StageResult:
-    """:func:`credo.train.cast.critic_stage` in the stage folder."""
+    """:func:`credo.commands.cast.critic_stage` in the stage folder."""
     p: CriticParams = ctx.params
     m = critic_stage(
         ctx.cfg,
@@ -116,7 +116,7 @@ def critic(ctx: StageContext) -> StageResult:
 
 @dataclass
 class CritiqueParams:
-    """Knobs of the ``critique_sft`` stage (:func:`credo.train.cast.critique_sft_stage`).
+    """Knobs of the ``critique_sft`` stage (:func:`credo.commands.cast.critique_sft_stage`).
 
     Attributes:
         steps, batch_size, lr: the SFT (defaults 200, 32, 5e-4).
@@ -157,7 +157,7 @@ class CritiqueParams:
     "critique_sft", needs=("labels", "policy"), makes=("policy",), params=CritiqueParams
 )
 def critique_sft(ctx: StageContext) -> StageResult:
-    """:func:`credo.train.cast.critique_sft_stage` in the stage folder."""
+    """:func:`credo.commands.cast.critique_sft_stage` in the stage folder."""
     p: CritiqueParams = ctx.params
     m = critique_sft_stage(
         ctx.cfg,

@@ -28,7 +28,6 @@ from credo.policy.lora import apply_lora
 from credo.policy.models import model_problem
 from credo.policy.precision import enable_mixed_precision
 from credo.policy.tiny import create_tiny_policy
-from credo.policy.tokenizer import build_word_tokenizer
 from credo.rollout import (
     RolloutResult,
     SamplerContext,
@@ -37,10 +36,10 @@ from credo.rollout import (
     sample,
     sampler_params,
 )
+from credo.rollout.envcheck import check_round_trip, collect_words, preflight
 from credo.rollout.ray_envs import EnvPool
 from credo.rollout.render import Renderer, make_renderer, oracle_examples, plain_words
 from credo.train.agent import AgentSession, agent_params
-from credo.train.check_env import check_round_trip, collect_words, preflight
 from credo.train.config import Config
 from credo.train.profiles import rollout_texts
 from credo.utils.threads import auto_threads
@@ -51,7 +50,6 @@ __all__ = [
     "add_adapters",
     "build_renderer",
     "build_run",
-    "check_tokenizer",
     "env_factory",
     "env_pool",
     "env_vocabulary",
@@ -274,7 +272,7 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     """Build a run's parts from its config (see :class:`Run`), failing before any
     training compute on an env or model that cannot be made: a model that cannot load
     (:func:`model_problem`), an env that fails the brief protocol check
-    (:func:`credo.train.check_env.preflight`: types, determinism, snapshots when the
+    (:func:`credo.rollout.envcheck.preflight`: types, determinism, snapshots when the
     sampler branches, ``oracle_action`` when the warm start needs it) or whose oracle
     actions do not survive the tokenizer round trip.
 
@@ -412,7 +410,7 @@ def env_vocabulary(
     Raises:
         EnvCheckError: an env with neither ``oracle_action`` nor ``sample_action`` accepts
             none of the words it prints as an action; the message says which method to
-            add (:func:`credo.train.check_env.collect_words`).
+            add (:func:`credo.rollout.envcheck.collect_words`).
     """
     words = plain_words(history_tokens)  # the plain format's own (and its history mark)
     if hasattr(env, "vocabulary"):
@@ -471,33 +469,3 @@ def add_adapters(cfg: Config, policy: HFPolicy) -> HFPolicy:
     if cfg.model.lora is None:
         return policy
     return apply_lora(policy, cfg.model.lora, seed=cfg.train.seed)
-
-
-def check_tokenizer(cfg: Config, make: Callable[[], Any]) -> tuple[Any, Renderer]:
-    """The tokenizer and renderer ``credo check-env`` sends actions through: the built-in
-    word tokenizer over the env's vocabulary (:func:`env_vocabulary`), or ``model.name``'s
-    tokenizer with the chat renderer."""
-    env = make()
-    if cfg.model.name is None:
-        tokenizer = build_word_tokenizer(
-            env_vocabulary(env, make, history_tokens=cfg.rollout.history_tokens)
-        )
-        builtin = True
-    else:
-        from transformers import AutoTokenizer
-
-        from credo.policy.models import resolve_model
-
-        if problem := model_problem(cfg.model.name):
-            raise ValueError(problem)
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name))
-        builtin = False
-    renderer = make_renderer(
-        tokenizer,
-        builtin=builtin,
-        history_turns=cfg.rollout.history_turns,
-        env=env,
-        history_tokens=cfg.rollout.history_tokens,
-    )
-    return tokenizer, renderer

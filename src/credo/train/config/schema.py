@@ -622,7 +622,7 @@ class CriticConfig:
 
     Attributes:
         path: a critic folder (``critic.json``, ``critic.safetensors``, tokenizer) written
-            by the ``critic`` stage (:func:`credo.train.cast.critic_stage`); ``None``
+            by the ``critic`` stage (:func:`credo.commands.cast.critic_stage`); ``None``
             (default) turns verification off.
         threshold: flag an action when the critic's p(error) ≥ threshold (default 0.5).
         on_flag: ``log`` (default: record the flag only), ``resample`` (re-draw the

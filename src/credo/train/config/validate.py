@@ -643,7 +643,7 @@ def _critic(cfg: Config) -> None:
         if not (Path(c.path).expanduser() / name).is_file():
             raise ConfigError(
                 f"critic.path={c.path!r} has no {name}; give a critic folder written by the "
-                "critic stage (credo.train.cast.critic_stage), or critic.path=null"
+                "critic stage (credo.commands.cast.critic_stage), or critic.path=null"
             )
     if cfg.rollout.agent:
         raise ConfigError("critic.path is not supported with rollout.agent (the agent samples)")

@@ -1,4 +1,5 @@
-"""Check an env against the protocol before any compute: ``credo check-env --env X``.
+"""Check an env against the protocol before any compute (``credo check-env --env X``,
+:mod:`credo.commands.check_env`).
 
 Training runs a brief version of the same checks (:func:`preflight`, from
 :func:`~credo.train.run.build_run`) and stops with the message of the first failure, so a

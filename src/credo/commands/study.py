@@ -19,7 +19,7 @@ A study is a YAML file (``studies/<name>.yaml``) naming what is tested and how::
     notes: ""                   # markdown under the table: readings, diagnostics
 
 ``credo study studies/<name>.yaml [--jobs 2]`` trains every arm with every seed through
-:func:`credo.train.compare.compare` (the same tasks and budget, one warm start per seed,
+:func:`credo.commands.compare.compare` (the same tasks and budget, one warm start per seed,
 resumable: run it again after a stop), then writes ``docs/studies/<name>.md`` (the
 study's setup, the exact command, the table, the plot, the verdict and notes) and the
 index ``docs/studies/README.md`` (one row per study file beside it). The verdict, its
@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from credo.train.compare import Arm, RecipeSummary, compare
+from credo.commands.compare import Arm, RecipeSummary, compare
 from credo.train.config import ConfigError
 from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table

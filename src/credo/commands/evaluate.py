@@ -1,8 +1,8 @@
-"""``credo sft`` and ``credo eval``: the warm start alone, and evaluation of a policy.
+"""``credo eval``: the held-out evaluation of a run's trained policy, or of a model.
 
-Both build the run with :func:`~credo.train.run.build_run` and score with its held-out
+It builds the run with :func:`~credo.train.run.build_run` and scores with its held-out
 evaluator, so on the same config a policy gets the same numbers here as in ``credo
-train``'s table.
+train``'s table (and as ``credo sft``'s, :mod:`credo.commands.sft`).
 """
 
 from __future__ import annotations
@@ -14,27 +14,10 @@ import yaml
 
 from credo.train.checkpoint import latest_checkpoint
 from credo.train.config import Config, apply_overrides, load_config
-from credo.train.progress import Progress
 from credo.train.run import add_adapters, build_run
 from credo.train.warmstart import warm_start
 
-__all__ = ["evaluate_target", "run_sft"]
-
-
-def run_sft(cfg: Config, *, episodes: int | None = None, quiet: bool = False) -> dict[str, Any]:
-    """Warm-start (or load it from the cache) and evaluate it on held-out tasks."""
-    progress = Progress(enabled=not quiet)
-    run = build_run(cfg)
-    try:
-        with progress.phase("warm start (SFT)") as tick:
-            policy, ws = warm_start(
-                run, on_step=lambda ph, s, n, loss: tick(s, n, f"{ph} loss {loss:.3f}")
-            )
-        with progress.phase("held-out eval"):
-            ev = run.evaluate(policy, episodes=episodes)
-    finally:
-        run.close()
-    return {"eval": ev, "path": ws.path, "cached": ws.cached}
+__all__ = ["evaluate_target"]
 
 
 def evaluate_target(

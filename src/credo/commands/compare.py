@@ -9,7 +9,7 @@ and an interrupted one is resumed, so a comparison can be stopped and restarted.
 
 What is compared are **arms**: a name, a recipe and the arm's own overrides
 (:class:`Arm`), so that one recipe may appear several times with different settings (a
-study's arms, :mod:`credo.train.study`). ``credo compare --recipes`` makes one arm per
+study's arms, :mod:`credo.commands.study`). ``credo compare --recipes`` makes one arm per
 recipe, named after it; there an override ``RECIPE:key=value`` applies to that recipe only
 (:func:`split_overrides`): ``opd:teacher.path=RUN`` gives the teacher to ``opd`` without
 giving one to ``grpo``.
@@ -205,7 +205,7 @@ def _result(run_dir: Path) -> dict[str, Any]:
 def _passk_one(cfg: Config, run_dir: Path, trials: int, ks: Sequence[int]) -> dict[str, float]:
     """pass^k of a finished run's trained policy (``passk_eval.json``, reused when it
     was made with the same ``trials`` and ``ks``)."""
-    from credo.train.commands import evaluate_target
+    from credo.commands.evaluate import evaluate_target
 
     path = run_dir / "passk_eval.json"
     if path.exists():
