@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from credo.agent import AgentSession, agent_params
 from credo.critics.verify import CriticGuard, guard_from_config
 from credo.envs.base import Task, make_env, resolve_env
 from credo.eval.evaluate import EvalResult, evaluate
@@ -39,7 +40,6 @@ from credo.rollout import (
 from credo.rollout.envcheck import check_round_trip, collect_words, preflight
 from credo.rollout.ray_envs import EnvPool
 from credo.rollout.render import Renderer, make_renderer, oracle_examples, plain_words
-from credo.train.agent import AgentSession, agent_params
 from credo.train.config import Config
 from credo.train.profiles import rollout_texts
 from credo.utils.threads import auto_threads
@@ -212,7 +212,7 @@ class Run:
         and every command sees the same random stream, so equal policies get equal
         scores. ``greedy``: temperature 0. ``trials`` episodes per task and ``ks`` (each
         ≤ ``trials``) add pass@k and pass^k (:mod:`credo.eval.passk`). An agent run is
-        evaluated through its agent (:meth:`~credo.train.agent.AgentSession.evaluate`),
+        evaluated through its agent (:meth:`~credo.agent.sampler.AgentSession.evaluate`),
         one trial per task."""
         sampling = dataclasses.replace(
             self.sampling,

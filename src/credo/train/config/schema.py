@@ -157,7 +157,7 @@ class RolloutConfig:
             loop: ``package.module:function`` or ``path/to/file.py:function``, an
             ``async def agent(task, client, session_id)`` returning the reward or
             ``{reward: r, success: bool}`` (``credo train --agent``; needs the ``serve``
-            extra; :mod:`credo.train.agent`). The rollouts and the held-out evaluation
+            extra; :mod:`credo.agent.sampler`). The rollouts and the held-out evaluation
             then go through the agent, with the policy served on 127.0.0.1. Default
             ``None``: the env loop of ``sampler``.
         agent_timeout_s: the longest one agent episode may take, in seconds; a slower

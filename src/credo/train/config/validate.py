@@ -238,7 +238,7 @@ def _agent(cfg: Config) -> None:
     if r.agent_timeout_s <= 0:
         raise ConfigError(f"rollout.agent_timeout_s must be > 0, got {r.agent_timeout_s}")
     _at_least(1, {"rollout.agent_concurrency": r.agent_concurrency})
-    from credo.train.agent import check_agent_spec
+    from credo.agent import check_agent_spec
 
     try:
         check_agent_spec(r.agent)
