@@ -43,8 +43,8 @@ from credo.envs.tools import COLORS, ITEMS, ToolsEnv
 from credo.policy.tiny import TinyModelConfig
 from credo.teachers.judge import Judge
 from credo.teachers.judge_fit import JudgeExample, fit_judge
+from credo.teachers.judging import DEFAULT_RUBRIC, episode_transcript, judge_policy, rank_auc
 from credo.teachers.rubric import Rubric, RubricItem
-from credo.train.judging import DEFAULT_RUBRIC, episode_transcript, judge_policy, rank_auc
 from credo.utils.atomic import temp_path
 
 #: A rubric that asks about the facts against the ticket itself.

@@ -190,11 +190,13 @@ def test_a_loss_registers_its_requirements_not_an_aggregation() -> None:
         LOSSES,
         loss_env_features,
         loss_is_advantage_weighted,
+        loss_needs,
+        loss_ratio_level,
         loss_requirements,
         loss_teacher_requirements,
     )
 
-    meta = {"requires", "teacher", "env_features", "advantage_weighted"}
+    meta = {"requires", "teacher", "env_features", "advantage_weighted", "needs"}
     for name in LOSSES.names():  # the old `aggregation=` meta contradicted the recipes
         assert set(LOSSES.meta(name)) == meta, name
     weighted = {n for n in LOSSES.names() if loss_is_advantage_weighted(n)}
@@ -202,6 +204,16 @@ def test_a_loss_registers_its_requirements_not_an_aggregation() -> None:
     assert {n for n in LOSSES.names() if loss_env_features(n)} == {"ppo_rapo"}
     teacher_losses = {n for n in LOSSES.names() if loss_teacher_requirements(n) is not None}
     assert teacher_losses == {"opd", "mt_sdpo", "renyi_opsd"}
+    # what the trainer prepares for a loss: asked of the registry, never by its name
+    needs = {n: set(loss_needs(n)) for n in LOSSES.names() if loss_needs(n)}
+    assert needs == {
+        "renyi_opsd": {"reference", "reference_head"},
+        "ppo_rapo": {"reference", "profile_reference"},
+    }
+    # the ratio level the update's statistics use: the loss's knob, else token
+    assert loss_ratio_level("ppo", {"ratio_level": "sequence"}) == "sequence"
+    assert loss_ratio_level("ppo", {}) == "token"
+    assert loss_ratio_level("klpo", {}) == "token"
     cfg = load_config("klpo")
     assert loss_requirements("klpo")(cfg.objective.params, cfg.rollout) is None
     assert loss_requirements("ppo")({}, cfg.rollout) is None

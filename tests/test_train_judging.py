@@ -20,15 +20,15 @@ from credo.data import RolloutForest
 from credo.envs.base import Task
 from credo.envs.tools import ToolsEnv, format_call
 from credo.teachers.judge import JudgeCost
-from credo.teachers.rubric import ResponsePools, Rubric, RubricEvolver, RubricItem
-from credo.train.config import ConfigError, JudgeConfig, load_config
-from credo.train.judging import (
+from credo.teachers.judging import (
     CHANGES_FILE,
     Judging,
     combine_row_rewards,
     episode_transcript,
     rank_auc,
 )
+from credo.teachers.rubric import ResponsePools, Rubric, RubricEvolver, RubricItem
+from credo.train.config import ConfigError, JudgeConfig, load_config
 from credo.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]

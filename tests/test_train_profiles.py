@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-import credo.train.profiles as profiles_mod
+import credo.teachers.profiles as profiles_mod
 from credo.data import RolloutForest
 from credo.envs.base import Task
 from credo.envs.tools import ToolsEnv
 from credo.objectives import LossInputs, get_loss
 from credo.objectives.rapo import rapo_extras
+from credo.teachers.profiles import attach_profile_reference, plain_instruction, rollout_texts
 from credo.train.config import ConfigError, load_config
 from credo.train.loop import train
-from credo.train.profiles import attach_profile_reference, plain_instruction, rollout_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # examples.desk_envs

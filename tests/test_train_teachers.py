@@ -17,13 +17,13 @@ from credo.objectives import mixed_target
 from credo.policy import create_tiny_policy
 from credo.policy.tiny import TinyModelConfig
 from credo.teachers import TeacherRows, score_with_policy
+from credo.teachers.teaching import row_histories
 from credo.train.config import ConfigError, load_config
 from credo.train.iteration import run_iteration
 from credo.train.loop import train
 from credo.train.progress import Progress
 from credo.train.run import Run, build_run, env_vocabulary
 from credo.train.state import TrainState
-from credo.train.teaching import row_histories
 from credo.train.warmstart import start_policy
 from small_run import SMALL as SMALL_RUN
 
@@ -122,11 +122,11 @@ def test_teacher_section_checks() -> None:
     # a whole distribution is for small vocabularies (checked against the student)
     from types import SimpleNamespace
 
-    from credo.train.teaching import check_teacher_inputs
+    from credo.teachers.teaching import check_teacher_inputs
 
     with pytest.raises(ValueError, match=r"set teacher\.full=false teacher\.topk=K"):
-        check_teacher_inputs(load_config("renyi_opsd"), SimpleNamespace(vocab_size=49152))  # type: ignore[arg-type]
-    check_teacher_inputs(load_config("renyi_opsd"), SimpleNamespace(vocab_size=100))  # type: ignore[arg-type]
+        check_teacher_inputs(load_config("renyi_opsd").teacher, SimpleNamespace(vocab_size=49152))  # type: ignore[arg-type]
+    check_teacher_inputs(load_config("renyi_opsd").teacher, SimpleNamespace(vocab_size=100))  # type: ignore[arg-type]
 
 
 def test_bad_teacher_folders_stop_before_the_run_folder(tmp_path: Path) -> None:
@@ -346,8 +346,8 @@ def test_forest_texts_follow_select_and_concat() -> None:
 
 def test_reward_and_advantage_routes_by_hand() -> None:
     from credo.teachers import PolicyTeacher
+    from credo.teachers.teaching import Teaching
     from credo.train.config import OPRDConfig, TeacherConfig
-    from credo.train.teaching import Teaching
 
     student, teacher, base = _guess_policy(0), PolicyTeacher(_guess_policy(1)), _guess_policy(2)
     forest, renderer = _hand_forest(student)
@@ -406,8 +406,8 @@ def test_oprd_episode_mean_makes_the_teacher_reward_independent_of_length() -> N
     step count: a 3-step success and a 1-step success each get the mean of their steps'
     shifts, where ``sum`` pays the longer one for its length."""
     from credo.teachers import PolicyTeacher
+    from credo.teachers.teaching import Teaching
     from credo.train.config import OPRDConfig, TeacherConfig
-    from credo.train.teaching import Teaching
 
     student, teacher, base = _guess_policy(0), PolicyTeacher(_guess_policy(1)), _guess_policy(2)
     episodes = ((["guess[4]", "guess[6]", "guess[2]"], True), (["guess[5]"], True))
@@ -435,8 +435,8 @@ def test_oprd_episode_mean_makes_the_teacher_reward_independent_of_length() -> N
 
 def test_loss_route_with_privileged_prompts() -> None:
     from credo.teachers import PolicyTeacher, privileged_prompt_ids
+    from credo.teachers.teaching import Teaching, teacher_prompts
     from credo.train.config import TeacherConfig
-    from credo.train.teaching import Teaching, teacher_prompts
 
     student = _guess_policy(0)
     forest, renderer = _hand_forest(student)
@@ -494,8 +494,8 @@ def test_update_gathers_the_teacher_head_after_the_sampler_sets() -> None:
 def test_oprd_teacher_pairs_default_bases_and_one_line_errors(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
+    from credo.teachers.folders import oprd_teacher_pairs
     from credo.train.config import OPRDConfig
-    from credo.train.config.validate import oprd_teacher_pairs
 
     for name in ("a", "a/reference", "b", "b/reference", "c", "c_base"):
         (tmp_path / name).mkdir()
@@ -515,5 +515,5 @@ def test_oprd_teacher_pairs_default_bases_and_one_line_errors(tmp_path: Path) ->
         ({"path": b, "colour": 1}, r"teachers\[0\]: unknown key 'colour'"),
         ({"base_path": b}, r"teachers\[0\] must be a mapping"),
     ):
-        with pytest.raises(ConfigError, match=msg):
+        with pytest.raises(ValueError, match=msg):
             pairs(bad)

@@ -63,7 +63,7 @@ Two options add text a verifier cannot judge and context a policy must read:
   the item; exchange → ``exchange``, the item and the colour; cancel → ``cancelled``
   and the item), reported as ``info["message_truth"]`` on the closing step and by
   :meth:`ToolsEnv.message_truth`, so a judge's agreement with it can be measured
-  (SERPO, :mod:`credo.train.judging`). :meth:`ToolsEnv.free_text` returns the message
+  (SERPO, :mod:`credo.teachers.judging`). :meth:`ToolsEnv.free_text` returns the message
   of a ``respond`` call.
 - ``profiles=True``: every task carries a customer profile (``profile : favourite
   colour blue``) appended to the ticket (:meth:`ToolsEnv.profile`, also offered as
@@ -71,7 +71,7 @@ Two options add text a verifier cannot judge and context a policy must read:
   no colour ("please exchange my kettle for my favourite colour"; a second one still
   names its own): of the order's two or three variants,
   all of which the store would accept, only the profile's colour serves the ticket (RAPO,
-  :mod:`credo.train.profiles`). Tasks without an exchange carry a profile that does not
+  :mod:`credo.teachers.profiles`). Tasks without an exchange carry a profile that does not
   matter.
 
 For credit assignment: ``abstract_state_key()`` is the stage of the ticket *relative to

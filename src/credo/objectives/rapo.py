@@ -18,7 +18,7 @@ maps to 0), it reweighs the per-token PPO loss asymmetrically:
 
 so that generic, profile-independent tokens cannot carry the reward on their own.
 
-Inputs: the trainer (:mod:`credo.train.profiles`, for envs whose tasks carry a profile)
+Inputs: the trainer (:mod:`credo.teachers.profiles`, for envs whose tasks carry a profile)
 runs the two reference passes and supplies
 ``inputs.extras["ref_logprobs_profile"]`` and ``inputs.extras["ref_logprobs_plain"]``
 (``[B, L]``, aligned with ``inputs.logprobs``).
@@ -165,7 +165,12 @@ def rapo_extras(
     return out
 
 
-@register_loss("ppo_rapo", env_features=("profiles",), advantage_weighted=True)
+@register_loss(
+    "ppo_rapo",
+    env_features=("profiles",),
+    advantage_weighted=True,
+    needs={"reference", "profile_reference"},
+)
 def ppo_rapo(
     inputs: LossInputs,
     *,

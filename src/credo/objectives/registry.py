@@ -28,11 +28,25 @@ reweighted PPO) declares ``advantage_weighted=True``: a row whose advantages are
 then adds exactly nothing to its gradient, so the trainer may leave such rows out of the
 forward and backward passes (``optim.skip_zero_advantage``). Losses with a term of their
 own (a KL to the sampler, a distillation term) do not.
+
+A loss that needs the trainer to prepare something declares it in ``needs``; the trainer
+asks the registry (:func:`loss_needs`), never the loss's name. Known needs:
+
+- ``"reference"``: the frozen reference policy (the warm start) is kept;
+- ``"reference_head"``: the reference's log-probs of the teacher's head ids, in the
+  student's context (``ref_topk_logprobs``; Rényi OPSD's ``z_ref``);
+- ``"profile_reference"``: the reference's log-probs with and without the task's profile
+  in the prompt (``ref_logprobs_profile`` / ``ref_logprobs_plain``; RAPO).
+
+The importance ratio's level of a loss (``token``, ``turn`` or ``sequence``, for the
+update's ratio statistics) is its ``ratio_level`` knob when it has one (its signature's
+default otherwise), else ``token`` (:func:`loss_ratio_level`).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,6 +63,8 @@ __all__ = [
     "loss_env_features",
     "loss_is_advantage_weighted",
     "loss_names",
+    "loss_needs",
+    "loss_ratio_level",
     "loss_requirements",
     "loss_teacher_requirements",
     "needs_teacher",
@@ -117,6 +133,7 @@ def register_loss(
     teacher: Requirement | None = None,
     env_features: tuple[str, ...] = (),
     advantage_weighted: bool = False,
+    needs: frozenset[str] | set[str] = frozenset(),
 ) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator: make ``fn`` available as ``objective.loss: <name>`` in configs.
 
@@ -136,6 +153,8 @@ def register_loss(
             profile, ``env.provides_profiles()``); default none.
         advantage_weighted: every term of the loss is the advantage times something, so
             rows with all-zero advantages have a zero gradient (default false).
+        needs: what the trainer must prepare for it (see the module docstring); default
+            nothing.
     """
 
     def deco(fn: PolicyLoss) -> PolicyLoss:
@@ -150,6 +169,7 @@ def register_loss(
             teacher=teacher,
             env_features=tuple(env_features),
             advantage_weighted=advantage_weighted,
+            needs=frozenset(needs),
         )(checked)
 
     return deco
@@ -175,6 +195,20 @@ def loss_is_advantage_weighted(name: str) -> bool:
     """Whether loss ``name`` registered ``advantage_weighted=True`` (a row whose
     advantages are all 0 adds nothing to its gradient)."""
     return bool(LOSSES.meta(name).get("advantage_weighted", False))
+
+
+def loss_needs(name: str) -> frozenset[str]:
+    """What loss ``name`` registered in ``needs`` (empty if nothing)."""
+    return frozenset(LOSSES.meta(name).get("needs", frozenset()))
+
+
+def loss_ratio_level(name: str, params: Mapping[str, Any]) -> str:
+    """The level of loss ``name``'s importance ratios with ``params``: its ``ratio_level``
+    knob (the signature's default when unset), or ``token`` for a loss without one."""
+    knob = inspect.signature(get_loss(name)).parameters.get("ratio_level")
+    if knob is None:
+        return "token"
+    return str(params.get("ratio_level", knob.default))
 
 
 def get_loss(name: str) -> PolicyLoss:

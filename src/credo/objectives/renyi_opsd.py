@@ -122,7 +122,9 @@ def renyi_divergence(
     return (torch.logsumexp(terms, dim=-1) - norm.squeeze(-1)) / (rho - 1.0)
 
 
-@register_loss("renyi_opsd", teacher=needs_teacher("renyi_opsd"))
+@register_loss(
+    "renyi_opsd", teacher=needs_teacher("renyi_opsd"), needs={"reference", "reference_head"}
+)
 def renyi_opsd(
     inputs: LossInputs,
     *,

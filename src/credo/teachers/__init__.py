@@ -1,10 +1,16 @@
 """Teachers and judges: models that score the student's own rollouts.
 
 Teachers score the student's tokens in their own context, for on-policy distillation
-(``opd``), OPRD, MT-SDPO and Rényi OPSD (:mod:`credo.objectives`). Judges score whole
-responses against yes/no rubric questions from their verdict probabilities (SERPO,
-:mod:`credo.teachers.judge`, :mod:`credo.teachers.rubric`). Depends on
-:mod:`credo.data`, :mod:`credo.policy` and :mod:`credo.utils` only.
+(``opd``), OPRD, MT-SDPO and Rényi OPSD (:mod:`credo.objectives`): the run's teachers
+(:mod:`~credo.teachers.teaching`) score each iteration's rows once, and a registered
+route (:mod:`~credo.teachers.routes`) turns the scores into rewards, advantages or a
+loss input. Judges score whole responses against yes/no rubric questions from their
+verdict probabilities (SERPO, :mod:`credo.teachers.judge`, :mod:`credo.teachers.rubric`;
+a run's judging: :mod:`credo.teachers.judging`). RAPO's reference, scored with and
+without the task's profile, is a teacher of the same kind (:mod:`credo.teachers.profiles`).
+
+Depends on :mod:`credo.data`, :mod:`credo.objectives`, :mod:`credo.policy`,
+:mod:`credo.rollout` (prompt rendering) and :mod:`credo.utils`, never on the trainer.
 """
 
 from credo.teachers.anchors import anchor_texts
@@ -27,7 +33,17 @@ from credo.teachers.registry import (
     make_teacher,
     register_teacher,
     teacher_names,
+    teacher_needs_path,
+    teacher_settings,
     validate_teacher,
+)
+from credo.teachers.routes import (
+    ROUTES,
+    RouteInputs,
+    TeacherRoute,
+    register_route,
+    route_names,
+    teacher_route,
 )
 from credo.teachers.rubric import (
     PROPOSERS,
@@ -46,6 +62,7 @@ __all__ = [
     "FULL_MAX_VOCAB",
     "PLACEMENTS",
     "PROPOSERS",
+    "ROUTES",
     "SANITISERS",
     "TEACHERS",
     "ContextCache",
@@ -55,6 +72,7 @@ __all__ = [
     "JudgeExample",
     "PolicyTeacher",
     "ResponsePools",
+    "RouteInputs",
     "Rubric",
     "RubricChange",
     "RubricEvolver",
@@ -62,6 +80,7 @@ __all__ = [
     "SelfTeacher",
     "Teacher",
     "TeacherCost",
+    "TeacherRoute",
     "TeacherRows",
     "TeacherScores",
     "anchor_texts",
@@ -75,14 +94,19 @@ __all__ = [
     "privileged_prompt_ids",
     "privileged_prompts",
     "register_proposer",
+    "register_route",
     "register_sanitiser",
     "register_teacher",
     "resolve_policy_folder",
+    "route_names",
     "sanitise",
     "score_with_policy",
     "teacher_extra_ids",
     "teacher_loss_extras",
     "teacher_names",
+    "teacher_needs_path",
+    "teacher_route",
+    "teacher_settings",
     "validate_teacher",
     "verdict_ids",
     "verdict_loss",

@@ -15,6 +15,7 @@ their weights load (:mod:`credo.teachers.loading`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,19 +27,55 @@ from credo.teachers.loading import load_teacher_policy, resolve_policy_folder
 from credo.teachers.policy_teacher import PolicyTeacher, SelfTeacher
 from credo.utils.registry import Registry, check_kwargs
 
-__all__ = ["TEACHERS", "make_teacher", "register_teacher", "teacher_names", "validate_teacher"]
+__all__ = [
+    "TEACHERS",
+    "make_teacher",
+    "register_teacher",
+    "teacher_names",
+    "teacher_needs_path",
+    "teacher_settings",
+    "validate_teacher",
+]
 
 TeacherFactory = Callable[..., Teacher]
 TEACHERS: Registry[TeacherFactory] = Registry("teacher")
 
 
-def register_teacher(name: str, **meta: Any) -> Callable[[TeacherFactory], TeacherFactory]:
-    """Decorator: make ``fn(student, **knobs) -> Teacher`` available as ``teacher.kind``."""
-    return TEACHERS.register(name, **meta)
+def register_teacher(
+    name: str, *, needs_path: bool = False, student: bool = False, privileged: bool = False
+) -> Callable[[TeacherFactory], TeacherFactory]:
+    """Decorator: make ``fn(student, **knobs) -> Teacher`` available as ``teacher.kind``.
+
+    The factory's keyword parameters besides ``micro_batch`` and ``temperature`` are the
+    ``teacher`` section's fields it reads (:func:`teacher_settings`: ``path``,
+    ``ema_decay``).
+
+    Args:
+        name: the config name.
+        needs_path: it loads ``teacher.path`` (checked before any compute).
+        student: it is made from the student itself (no folder: ``teacher.path`` and
+            ``teacher.base_path`` are refused).
+        privileged: it differs from the student only by the privileged context it reads
+            (``teacher.privileged`` is required).
+    """
+    return TEACHERS.register(name, needs_path=needs_path, student=student, privileged=privileged)
 
 
 def teacher_names() -> list[str]:
     return TEACHERS.names()
+
+
+def teacher_needs_path(kind: str) -> bool:
+    """Whether teacher ``kind`` loads ``teacher.path`` (registered ``needs_path``)."""
+    return bool(TEACHERS.meta(kind)["needs_path"])
+
+
+def teacher_settings(kind: str) -> tuple[str, ...]:
+    """The ``teacher`` section's fields the factory of ``kind`` takes besides
+    ``micro_batch`` and ``temperature`` (its own keyword parameters)."""
+    params = inspect.signature(TEACHERS.get(kind)).parameters.values()
+    own = (p.name for p in params if p.kind is p.KEYWORD_ONLY)
+    return tuple(n for n in own if n not in ("micro_batch", "temperature"))
 
 
 def validate_teacher(kind: str, params: Mapping[str, Any]) -> None:
@@ -93,13 +130,13 @@ def hf_teacher(
     return PolicyTeacher(policy, name=f"hf:{p}", micro_batch=micro_batch, temperature=temperature)
 
 
-@register_teacher("self")
+@register_teacher("self", student=True, privileged=True)
 def self_teacher(student: HFPolicy, *, micro_batch: int = 16, temperature: float = 1.0) -> Teacher:
     """The student with privileged context (shares its weights)."""
     return SelfTeacher(student, micro_batch=micro_batch, temperature=temperature)
 
 
-@register_teacher("ema")
+@register_teacher("ema", student=True)
 def ema_teacher(
     student: HFPolicy,
     *,

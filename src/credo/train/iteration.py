@@ -3,7 +3,7 @@
     tasks ─► sampler ─► RolloutForest ─► [teacher] ─► credit ─► objective ─► optimizer step ─► metrics
 
 With a ``teacher`` section, the teacher scores the policy rows once after the rollouts
-(:mod:`credo.train.teaching`): reward routes change the rewards before credit, token
+(:mod:`credo.teachers.teaching`): reward routes change the rewards before credit, token
 routes the token batch, and an EMA teacher follows the student after the update.
 
 Everything random in iteration ``it`` derives from ``(train.seed, it)`` through separate
@@ -24,7 +24,7 @@ from credo.data import RolloutForest
 from credo.engines import distributed as dp
 from credo.engines import fsdp
 from credo.rollout import RolloutResult, oracle_batch, split_oracle
-from credo.train.profiles import attach_profile_reference, needs_profiles
+from credo.teachers.profiles import attach_profile_reference, needs_profiles
 from credo.train.run import Run
 from credo.train.state import TrainState
 from credo.train.update import UpdateContext, kl_reward_penalty_rows, policy_update

@@ -40,8 +40,8 @@ from credo.rollout import (
 from credo.rollout.envcheck import check_round_trip, collect_words, preflight
 from credo.rollout.ray_envs import EnvPool
 from credo.rollout.render import Renderer, make_renderer, oracle_examples, plain_words
+from credo.teachers.profiles import rollout_texts
 from credo.train.config import Config
-from credo.train.profiles import rollout_texts
 from credo.utils.threads import auto_threads
 
 __all__ = [

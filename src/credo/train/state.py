@@ -3,7 +3,7 @@
 :class:`TrainState` holds the policy being trained, its optimizer, the frozen reference
 (when a KL term, SERO's reference weights or Rényi OPSD need one), the estimator's state
 (ProAS's progress graph), the sampler's state (the tree sampler's allocator), the
-teachers (:class:`~credo.train.teaching.Teaching`: an EMA teacher's weights and the
+teachers (:class:`~credo.teachers.teaching.Teaching`: an EMA teacher's weights and the
 context cache are checkpointed), the iterations done and the env steps taken.
 :meth:`TrainState.start` builds it for a fresh run or restores
 it from a run's latest checkpoint; :meth:`TrainState.save` writes a checkpoint.
@@ -23,18 +23,18 @@ from credo.engines import distributed as dp
 from credo.engines import fsdp, zero
 from credo.engines.zero import Zero
 from credo.envs.base import Task
+from credo.objectives import loss_needs
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import shared_reference, trainable_parameters
 from credo.policy.tiny import is_tiny
 from credo.rollout import SamplerContext, sample_groups
 from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
+from credo.teachers.judging import Judging
+from credo.teachers.teaching import Teaching
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
-from credo.train.judging import Judging
-from credo.train.profiles import needs_profiles
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
-from credo.train.teaching import Teaching
 
 __all__ = ["TrainState", "seed_estimator_state"]
 
@@ -117,7 +117,8 @@ class TrainState:
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
         )
-        teaching = Teaching.build(cfg, policy, reference)
+        reference_head = "reference_head" in loss_needs(cfg.objective.loss)
+        teaching = Teaching.build(cfg.teacher, policy, reference, reference_head=reference_head)
         state = cls(
             policy, optimizer, reference, est_state, smp_state, teaching, tasks=_task_source(run)
         )
@@ -196,8 +197,7 @@ def _needs_reference(cfg: Any) -> bool:
         obj.kl_coef > 0
         or obj.kl_reward_coef > 0
         or (cfg.rollout.oracle_horizon > 0 and obj.oracle_frozen == "reference")
-        or (cfg.teacher.enabled and obj.loss == "renyi_opsd")  # Rényi OPSD's z_ref
-        or needs_profiles(cfg)  # RAPO's reference with and without the profile
+        or "reference" in loss_needs(obj.loss)  # Rényi OPSD's z_ref, RAPO's two scorings
     )
 
 

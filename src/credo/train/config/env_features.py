@@ -1,7 +1,7 @@
 """What a loss needs from the env, checked at config load (``env_features`` of
 :func:`credo.objectives.register_loss`). [recon]
 
-Only ``"profiles"`` is known: tasks that carry a profile (RAPO, :mod:`credo.train.profiles`).
+Only ``"profiles"`` is known: tasks that carry a profile (RAPO, :mod:`credo.teachers.profiles`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``judge`` section's check (SERPO, :mod:`credo.train.judging`), at config load."""
+"""The ``judge`` section's check (SERPO, :mod:`credo.teachers.judging`), at config load."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from credo.teachers.rubric import COMBINE_MODES, PROPOSERS, Rubric
 from credo.utils.registry import check_kwargs
 
 #: What the judge may read beside the free text (``judge.context``; the transcript is
-#: :func:`credo.train.judging.episode_transcript`).
+#: :func:`credo.teachers.judging.episode_transcript`).
 CONTEXTS = ("instruction", "transcript")
 
 __all__ = ["check_judge_config"]

@@ -523,7 +523,7 @@ class OPRDConfig:
 @dataclass
 class TeacherConfig:
     """A teacher that scores the student's own rollouts (on-policy distillation, OPRD,
-    MT-SDPO, Rényi OPSD; :mod:`credo.teachers`, :mod:`credo.train.teaching`).
+    MT-SDPO, Rényi OPSD; :mod:`credo.teachers`, :mod:`credo.teachers.teaching`).
 
     Every iteration the teacher scores the tokens the student sampled, in its own context,
     once, after the rollouts; the scores then reach the update by one **route**.
@@ -642,7 +642,7 @@ class CriticConfig:
 @dataclass
 class JudgeConfig:
     """A judge that scores the free-text part of episodes against a rubric (SERPO;
-    :mod:`credo.train.judging`, docs/rewards.md).
+    :mod:`credo.teachers.judging`, docs/rewards.md).
 
     Every iteration, each episode whose last action carries free text (the env's
     ``free_text(action)``, e.g. the tools env's ``respond{"message": ...}`` with
@@ -658,7 +658,7 @@ class JudgeConfig:
             SmolLM2-135M-Instruct, offline) or a hub name.
         rubric: a YAML file of rubric items (``yaml.safe_load``: a list of questions or
             of ``{question, weight}``, or a mapping with ``items``); default ``None``: the
-            built-in rubric for messages to a customer (:data:`credo.train.judging.
+            built-in rubric for messages to a customer (:data:`credo.teachers.judging.
             DEFAULT_RUBRIC`).
         coef: the weight of the rubric reward (default 1.0; ``mix``: in [0, 1]).
         combine: how it combines with the env's reward: ``add`` (default: ``env +
@@ -668,7 +668,7 @@ class JudgeConfig:
         context: what the judge reads beside the text: ``instruction`` (default: the
             task's instruction, e.g. the ticket) or ``transcript`` (the instruction, then
             every observation the policy acted on: the tool results a message should
-            report; :func:`credo.train.judging.episode_transcript`).
+            report; :func:`credo.teachers.judging.episode_transcript`).
         micro_batch: prompts per judge forward pass (default 16).
         evolve_every: evolve the rubric every N iterations (default 0: never).
         proposer: who proposes rubric changes from contrasting pools: ``judge`` (default:

@@ -454,18 +454,17 @@ def _eval_and_train(cfg: Config) -> None:
     )
 
 
-TEACHER_ROUTES = ("loss", "row_reward", "token_advantage", "oprd")
 PRIVILEGED_KINDS = ("oracle", "feedback", "solution", "anchor")
 
 
 def _teacher(cfg: Config) -> None:
     """The ``teacher`` section: its names and ranges, that the loss and the route fit,
     and that a teacher folder exists and holds a finished model (the vocabulary and
-    tokenizer are checked against the student by :func:`credo.train.teaching.
+    tokenizer are checked against the student by :func:`credo.teachers.teaching.
     check_teacher_inputs` once the student exists, still before any compute)."""
     from credo.objectives import LOSSES, loss_teacher_requirements
     from credo.objectives.oprd import COMBINE_MODES, VERIFIER_MODES
-    from credo.teachers import PLACEMENTS, SANITISERS, TEACHERS
+    from credo.teachers import PLACEMENTS, ROUTES, SANITISERS, TEACHERS, teacher_route
     from credo.teachers.sanitise import validate_sanitiser
 
     t, loss = cfg.teacher, cfg.objective.loss
@@ -483,12 +482,15 @@ def _teacher(cfg: Config) -> None:
         return
     if t.kind not in TEACHERS:
         raise ConfigError(unknown_name_message("teacher", t.kind, TEACHERS.names()))
-    _choice("teacher.route", t.route, TEACHER_ROUTES)
-    if t.route == "loss" and check is None:
+    if t.route not in ROUTES:
+        raise ConfigError(unknown_name_message("teacher route", t.route, ROUTES.names()))
+    route = teacher_route(t.route)
+    if route.to_loss and check is None:
+        others = [n for n in ROUTES.names() if not teacher_route(n).to_loss]
         raise ConfigError(
-            f"teacher.route=loss needs a distillation loss (objective.loss opd, mt_sdpo or "
-            f"renyi_opsd), got objective.loss={loss}; or set teacher.route=row_reward, "
-            "token_advantage or oprd"
+            f"teacher.route={t.route} needs a distillation loss (objective.loss opd, mt_sdpo "
+            f"or renyi_opsd), got objective.loss={loss}; or set teacher.route="
+            f"{', '.join(others[:-1])} or {others[-1]}"
         )
     if t.privileged is not None:
         _choice("teacher.privileged", t.privileged, PRIVILEGED_KINDS)
@@ -508,7 +510,7 @@ def _teacher(cfg: Config) -> None:
     _choice("teacher.oprd.reduce", t.oprd.reduce, ("sum", "mean"))
     _choice("teacher.oprd.episode_reduce", t.oprd.episode_reduce, ("sum", "mean"))
     _choice("teacher.oprd.combine", t.oprd.combine, COMBINE_MODES)
-    if t.oprd.teachers and t.route != "oprd":
+    if t.oprd.teachers and not route.base:
         raise ConfigError("teacher.oprd.teachers are OPRD teachers: set teacher.route=oprd")
     _at_least(1, {"teacher.micro_batch": t.micro_batch})
     _at_least(0, {"teacher.topk": t.topk, "teacher.context_cache": t.context_cache})
@@ -530,104 +532,56 @@ def _teacher(cfg: Config) -> None:
 
 
 def _teacher_folders(cfg: Config) -> None:
-    """A ``run``/``hf`` teacher's folder, when given, exists and holds a finished model
-    (and OPRD's base too); ``self``/``ema`` take none. A recipe may leave ``teacher.path``
-    empty (``opd``, ``oprd``): :func:`require_teacher_path` stops a run without it before
-    any compute."""
-    from credo.teachers import resolve_policy_folder
+    """A folder teacher's folder (``run``, ``hf``), when given, exists and holds a finished
+    model (and OPRD's base too); a teacher made from the student (``self``, ``ema``)
+    takes none. A recipe may leave ``teacher.path`` empty (``opd``, ``oprd``):
+    :func:`credo.teachers.folders.require_teacher_path` stops a run without it before any
+    compute."""
+    from credo.teachers import TEACHERS, resolve_policy_folder, teacher_route
+    from credo.teachers.folders import oprd_base_path, oprd_teacher_pairs
 
     t = cfg.teacher
-    if t.kind in ("self", "ema"):
+    kind = TEACHERS.meta(t.kind)
+    if kind["student"]:
         if t.path is not None or t.base_path is not None:
             raise ConfigError(
                 f"teacher.kind={t.kind} is the student itself: drop teacher.path/base_path"
             )
-        if t.kind == "self" and t.privileged is None:
+        if kind["privileged"] and t.privileged is None:
             raise ConfigError(
-                "teacher.kind=self scores with the student's own weights: it needs "
+                f"teacher.kind={t.kind} scores with the student's own weights: it needs "
                 "teacher.privileged (oracle, feedback, solution or anchor), the context the "
                 "student does not see"
             )
-        if t.route == "oprd":
+        if teacher_route(t.route).base:
             raise ConfigError(
-                "teacher.route=oprd needs an RL-trained teacher and its base: teacher.kind=run"
+                f"teacher.route={t.route} needs an RL-trained teacher and its base: "
+                "teacher.kind=run"
             )
         return
     if not t.path:  # a recipe leaves it to the command line; checked before compute
         return
-    for key, path in (("teacher.path", t.path), ("teacher.base_path", oprd_base_path(t))):
+    try:
+        base = oprd_base_path(t)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for key, path in (("teacher.path", t.path), ("teacher.base_path", base)):
         if path is None:
             continue
         try:
             resolve_policy_folder(path)
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc}") from None
-    for i, (rl, base) in enumerate(oprd_teacher_pairs(t)[1:]):
+    try:
+        pairs = oprd_teacher_pairs(t)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for i, (rl, base) in enumerate(pairs[1:]):
         for key, path in (("path", rl), ("base_path", base)):
             try:
                 resolve_policy_folder(path)
             except ValueError as exc:
                 raise ConfigError(f"teacher.oprd.teachers[{i}].{key}: {exc}") from None
-
-
-def require_teacher_path(teacher: Any) -> None:
-    """Raise :class:`ConfigError` when a ``run``/``hf`` teacher has no ``teacher.path``
-    (called before a run starts: recipes leave it to the command line)."""
-    if teacher.kind in ("run", "hf") and not teacher.path:
-        raise ConfigError(
-            f"teacher.kind={teacher.kind} needs teacher.path=FOLDER (a finished credo run, a "
-            "checkpoint RUN/checkpoints/step_N, or a model folder), e.g. credo train "
-            "--recipe opd teacher.path=runs/grpo-shop-..."
-        )
-
-
-def oprd_base_path(teacher: Any) -> str | None:
-    """The base model folder of an OPRD teacher (``teacher.base_path``, default
-    ``<path>/reference``: a run's saved warm start), or ``None`` off the ``oprd`` route.
-
-    Raises:
-        ConfigError: the default base does not exist.
-    """
-    if teacher.route != "oprd" or not teacher.path:
-        return None
-    if teacher.base_path:
-        return str(teacher.base_path)
-    ref = Path(str(teacher.path)).expanduser() / "reference"
-    if not ref.is_dir():
-        raise ConfigError(
-            f"teacher.route=oprd needs the teacher's base model: {str(ref)!r} does not exist "
-            "(a run keeps its warm start there when it has a KL to its reference); set "
-            "teacher.base_path=FOLDER"
-        )
-    return str(ref)
-
-
-def oprd_teacher_pairs(teacher: Any) -> list[tuple[str, str]]:
-    """OPRD's teachers as ``(RL folder, base folder)`` pairs: ``teacher.path`` with its
-    base (:func:`oprd_base_path`) first, then ``teacher.oprd.teachers`` (each base
-    defaults to ``<path>/reference``); ``[]`` off the ``oprd`` route.
-
-    Raises:
-        ConfigError: an entry is not ``{path, base_path}`` or a default base is missing.
-    """
-    first = oprd_base_path(teacher)
-    if first is None:
-        return []
-    pairs = [(str(teacher.path), first)]
-    for i, entry in enumerate(teacher.oprd.teachers):
-        where = f"teacher.oprd.teachers[{i}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise ConfigError(f"{where} must be a mapping {{path: FOLDER, base_path: FOLDER}}")
-        extra = sorted(set(entry) - {"path", "base_path"})
-        if extra:
-            raise ConfigError(f"{where}: unknown key {extra[0]!r}; valid keys: path, base_path")
-        base = entry.get("base_path") or str(Path(entry["path"]).expanduser() / "reference")
-        if not entry.get("base_path") and not Path(base).is_dir():
-            raise ConfigError(
-                f"{where}: the teacher's base model {base!r} does not exist; set its base_path"
-            )
-        pairs.append((entry["path"], str(base)))
-    return pairs
 
 
 def _critic(cfg: Config) -> None:

@@ -36,7 +36,7 @@ from credo.objectives import loss_env_features
 from credo.objectives.rapo import rapo_signal_range
 from credo.policy import HFPolicy
 from credo.teachers import TeacherRows, score_with_policy
-from credo.train.teaching import row_histories
+from credo.teachers.teaching import row_histories
 
 __all__ = [
     "PROFILE_TEXTS",

@@ -6,18 +6,18 @@ that scores the tokens the student sampled (docs/algorithms.md#on-policy-distill
 the training state starts (:meth:`Teaching.build`); each iteration
 :meth:`Teaching.lesson` scores the iteration's policy rows **once**, right after the
 rollouts, in the teacher's own context (with privileged text when
-``teacher.privileged`` asks for it), and returns a :class:`Lesson` that the iteration
-applies by one route:
+``teacher.privileged`` asks for it), and returns a :class:`Lesson` that the route
+``teacher.route`` filled (:mod:`credo.teachers.routes`, where each route registers):
 
-- ``row_reward`` / ``oprd`` (:meth:`Lesson.reward`, before credit assignment): the dense
-  reward ``−coef·(log π_θ(y_t) − log π_T(y_t))`` (or OPRD's ``α·Δ_t`` on accepted rows),
-  reduced per step, is added to the forest's rewards;
-- ``token_advantage`` (:meth:`Lesson.attach`, after credit assignment): the same dense
-  reward per token is added to the token batch's advantages;
-- ``loss`` (:meth:`Lesson.attach`): the scores ride in ``TokenBatch.token_extras``
-  (:func:`credo.teachers.attach_teacher_scores`) to the distillation loss, and the update
-  gathers the student's log-probs of the teacher's head in its own forward pass
-  (:mod:`credo.train.update`). Rényi OPSD adds the frozen reference's log-probs of the
+- a per-step reward (``row_reward``, ``oprd``) is added to the forest's rewards before
+  credit assignment (:meth:`Lesson.reward`);
+- a per-token reward (``token_advantage``) is added to the token batch's advantages
+  after it (:meth:`Lesson.attach`);
+- on a route whose scores go to the loss (``loss``), the scores ride in
+  ``TokenBatch.token_extras`` (:func:`credo.teachers.attach_teacher_scores`) to the
+  distillation loss, and the update gathers the student's log-probs of the teacher's
+  head in its own forward pass (the teacher's extras provider,
+  :mod:`credo.teachers.extras`). Rényi OPSD adds the frozen reference's log-probs of the
   same head ids, in the student's context (``ref_topk_logprobs``).
 
 After each update an ``ema`` teacher follows the student (:meth:`Teaching.after_update`);
@@ -38,35 +38,21 @@ from typing import Any
 import torch
 
 from credo.data import Episode, RolloutForest, TokenBatch
-from credo.objectives import (
-    combine_teachers,
-    distill_row_reward,
-    distill_token_reward,
-    oprd_delta,
-    oprd_row_reward,
-    select_contexts,
-    verifier_mask,
-)
+from credo.objectives import select_contexts
 from credo.policy.hf import HFPolicy
 from credo.rollout.render import Renderer, Turn
-from credo.teachers import (
-    FULL_MAX_VOCAB,
-    ContextCache,
-    EMATeacher,
-    Teacher,
-    TeacherCost,
-    TeacherRows,
-    TeacherScores,
-    anchor_texts,
-    attach_teacher_scores,
-    check_teacher_folder,
-    make_teacher,
-    privileged_prompts,
-    resolve_policy_folder,
-    sanitise,
-)
-from credo.train.config import Config, TeacherConfig
-from credo.train.config.validate import oprd_base_path, oprd_teacher_pairs, require_teacher_path
+from credo.teachers.anchors import anchor_texts
+from credo.teachers.base import Teacher, TeacherCost, TeacherRows, TeacherScores
+from credo.teachers.context_cache import ContextCache
+from credo.teachers.ema import EMATeacher
+from credo.teachers.extras import attach_teacher_scores
+from credo.teachers.folders import oprd_base_path, oprd_teacher_pairs, require_teacher_path
+from credo.teachers.loading import check_teacher_folder, resolve_policy_folder
+from credo.teachers.privileged import privileged_prompts
+from credo.teachers.registry import make_teacher, teacher_settings
+from credo.teachers.routes import RouteInputs, teacher_route
+from credo.teachers.sanitise import sanitise
+from credo.teachers.scoring import FULL_MAX_VOCAB
 
 __all__ = ["Lesson", "Teaching", "check_teacher_inputs", "row_histories", "teacher_prompts"]
 
@@ -74,15 +60,15 @@ __all__ = ["Lesson", "Teaching", "check_teacher_inputs", "row_histories", "teach
 EMA_FOLDER = "teacher_ema"
 
 
-def check_teacher_inputs(cfg: Config, student: HFPolicy) -> None:
-    """Check the configured teacher folders against the student before any compute:
-    they exist and hold a finished model (no run still training) with the student's
-    vocabulary size and tokenizer, and a full distribution fits the vocabulary.
+def check_teacher_inputs(t: Any, student: HFPolicy) -> None:
+    """Check the teacher folders the ``teacher`` section ``t`` names against the student
+    before any compute: they exist and hold a finished model (no run still training) with
+    the student's vocabulary size and tokenizer, and a full distribution fits the
+    vocabulary.
 
     Raises:
         ValueError: one line naming the folder and what is wrong.
     """
-    t = cfg.teacher
     if not t.enabled:
         return
     require_teacher_path(t)
@@ -109,7 +95,7 @@ def row_histories(forest: RolloutForest) -> list[list[Turn]]:
 
 
 def teacher_prompts(
-    renderer: Renderer, forest: RolloutForest, texts: Sequence[str | None], t: TeacherConfig
+    renderer: Renderer, forest: RolloutForest, texts: Sequence[str | None], t: Any
 ) -> list[list[int] | None]:
     """Per row, the teacher's prompt: the student's state re-rendered with ``texts[i]``
     (``None`` where a row has no text: it keeps the student's prompt).
@@ -181,7 +167,7 @@ class Lesson:
             )
         if self.token_reward is not None:
             batch.advantages = batch.advantages + self.token_reward
-        if self.route != "loss":
+        if not teacher_route(self.route).to_loss:
             return
         masked = not bool(self.row_mask.all())
         attach_teacher_scores(batch, self.scores, row_mask=self.row_mask if masked else None)
@@ -202,7 +188,7 @@ class Teaching:
         more: OPRD's further ``(π_T^RL, π_T^base)`` pairs (``teacher.oprd.teachers``).
     """
 
-    cfg: TeacherConfig
+    cfg: Any
     teacher: Teacher
     base: Teacher | None = None
     reference: HFPolicy | None = None
@@ -210,19 +196,19 @@ class Teaching:
     more: list[tuple[Teacher, Teacher]] = field(default_factory=list)
 
     @classmethod
-    def build(cls, cfg: Config, policy: HFPolicy, reference: HFPolicy | None) -> Teaching | None:
-        """The teachers ``cfg.teacher`` describes for the student ``policy`` (``None``
-        without a teacher). ``reference`` is the run's frozen reference (Rényi OPSD)."""
-        t = cfg.teacher
+    def build(
+        cls, t: Any, policy: HFPolicy, reference: HFPolicy | None, *, reference_head: bool = False
+    ) -> Teaching | None:
+        """The teachers the ``teacher`` section ``t`` describes for the student ``policy``
+        (``None`` without a teacher). With ``reference_head`` (the loss registered the need
+        ``reference_head``: Rényi OPSD), the loss route also scores the teacher's head
+        with ``reference``, the run's frozen reference."""
         if not t.enabled or t.kind is None:
             return None
         require_teacher_path(t)
         common: dict[str, Any] = {"micro_batch": t.micro_batch, "temperature": t.temperature}
         params = dict(common)
-        if t.kind in ("run", "hf"):
-            params["path"] = t.path
-        if t.kind == "ema":
-            params["ema_decay"] = t.ema_decay
+        params.update({k: getattr(t, k) for k in teacher_settings(t.kind)})
         teacher = make_teacher(t.kind, policy, **params)
         base_path = oprd_base_path(t)
         base = make_teacher("run", policy, path=base_path, **common) if base_path else None
@@ -233,14 +219,13 @@ class Teaching:
             )
             for rl, b in oprd_teacher_pairs(t)[1:]
         ]
-        needs_ref = cfg.objective.loss == "renyi_opsd"
-        if needs_ref and reference is None:
-            raise ValueError("renyi_opsd mixes in the frozen reference, which the run lacks")
+        if reference_head and reference is None:
+            raise ValueError("the loss mixes in the frozen reference, which the run lacks")
         return cls(
             t,
             teacher,
             base,
-            reference if needs_ref else None,
+            reference if reference_head else None,
             ContextCache(t.context_cache) if t.context_cache > 0 else None,
             more,
         )
@@ -258,6 +243,7 @@ class Teaching:
             pad_id: the student's padding id.
         """
         t = self.cfg
+        route = teacher_route(t.route)
         tb = forest.to_batch(torch.zeros(forest.num_rows), pad_id=pad_id)
         texts = self._texts(forest, episodes)
         prompts = None if texts is None else teacher_prompts(renderer, forest, texts, t)
@@ -267,25 +253,13 @@ class Teaching:
             else torch.tensor([p is not None for p in prompts], dtype=torch.bool)
         )
         rows = TeacherRows.from_batch(tb, prompts)
-        head = t.route == "loss" and (t.topk > 0 or t.full)
+        head = route.to_loss and (t.topk > 0 or t.full)
         scores = self.teacher.score(rows, topk=t.topk if head else 0, full=t.full and head)
         cost = TeacherCost()
         cost.add(scores.cost)
         tokens = tb.response_mask & row_mask[:, None]
         lesson = Lesson(t.route, scores, row_mask)
-        if t.route == "row_reward":
-            lesson.row_reward = distill_row_reward(
-                tb.old_logprobs, scores.logprobs, tokens,
-                coef=t.reward_coef, clip=t.reward_clip, reduce=t.reward_reduce,
-            )  # fmt: skip
-        elif t.route == "token_advantage":
-            lesson.token_reward = distill_token_reward(
-                tb.old_logprobs, scores.logprobs, tokens, coef=t.reward_coef, clip=t.reward_clip
-            )
-        elif t.route == "oprd":
-            lesson.row_reward = self._oprd(forest, tb, rows, row_mask, lesson, cost)
-        elif self.reference is not None and scores.topk_ids is not None:
-            lesson.ref_head = self._reference_head(tb, scores.topk_ids, cost)
+        route.fn(lesson, RouteInputs(t, forest, tb, rows, row_mask, tokens, self, cost))
         lesson.metrics.update(self._metrics(tb, scores, tokens, row_mask, lesson, cost))
         return lesson
 
@@ -335,50 +309,8 @@ class Teaching:
         row_ep = forest.row_episode()
         return [per_episode[int(e)] for e in row_ep.tolist()]
 
-    def _oprd(
-        self,
-        forest: RolloutForest,
-        tb: TokenBatch,
-        rows: TeacherRows,
-        row_mask: torch.Tensor,
-        lesson: Lesson,
-        cost: TeacherCost,
-    ) -> torch.Tensor:
-        """OPRD's per-step reward ``α·Σ_t Δ_t`` (or the mean) on accepted rows, with
-        several teachers combined per sample (``teacher.oprd.combine``), divided by the
-        episode's step count under ``teacher.oprd.episode_reduce: mean``."""
-        assert self.base is not None
-        o = self.cfg.oprd
-        scored = [self.base.score(rows)]
-        for more_rl, more_base in self.more:
-            scored += [more_rl.score(rows), more_base.score(rows)]
-        for x in scored:
-            cost.add(x.cost)
-        rl_lp = torch.stack([lesson.scores.logprobs, *(x.logprobs for x in scored[1::2])])
-        base_lp = torch.stack([scored[0].logprobs, *(x.logprobs for x in scored[2::2])])
-        mask = tb.response_mask
-        ep = forest.episodes()
-        success = ep.success[forest.row_episode()]
-        accepted = verifier_mask(success, forest.valid, on=o.accept) & row_mask
-        # ``verifier``: per sample, the teacher most likely to have produced it
-        choice = torch.where(mask[None], rl_lp, 0.0).sum(2).argmax(0) if self.more else None
-        delta, _ = combine_teachers(
-            oprd_delta(rl_lp, base_lp, mask, clip=o.clip), combine=o.combine, choice=choice
-        )
-        n_tok = mask.sum().clamp(min=1)
-        lesson.metrics["teacher/shift"] = float(delta.sum() / n_tok)
-        lesson.metrics["teacher/accepted_frac"] = float(accepted.float().mean()) if len(tb) else 0.0
-        reward = oprd_row_reward(
-            rl_lp, base_lp, mask, accepted,
-            reduce=o.reduce, alpha=o.alpha, clip=o.clip, combine=o.combine, choice=choice,
-        )  # fmt: skip
-        if o.episode_reduce == "mean":  # a row shared by several episodes: their mean length
-            steps = forest.episode_values_to_rows(ep.length.to(torch.float64))
-            reward = reward / steps.clamp(min=1).to(reward.dtype)
-        return reward
-
     @torch.no_grad()
-    def _reference_head(self, tb: TokenBatch, ids: torch.Tensor, cost: TeacherCost) -> torch.Tensor:
+    def reference_head(self, tb: TokenBatch, ids: torch.Tensor, cost: TeacherCost) -> torch.Tensor:
         """``[B, L, K]`` the frozen reference's log-probs of the teacher's head ids, in the
         student's own context (Rényi OPSD's ``z_ref``), at the teacher's temperature."""
         ref = self.reference

@@ -38,12 +38,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from credo.data import RolloutForest
-from credo.envs.base import Task
 from credo.policy import HFPolicy
 from credo.policy.tiny import TinyModelConfig, create_tiny_policy
 from credo.teachers.judge import PLAIN_TEMPLATE, Judge, JudgeCost
@@ -54,6 +53,9 @@ from credo.teachers.rubric import (
     RubricEvolver,
     RubricItem,
 )
+
+if TYPE_CHECKING:
+    from credo.envs.base import Task
 
 __all__ = [
     "CHANGES_FILE",
