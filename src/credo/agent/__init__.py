@@ -6,6 +6,12 @@ agent run starts) and below :mod:`credo.train`, whose run keeps the agent's sess
 as long as it lives. Importing this package registers the ``agent`` sampler.
 """
 
-from credo.agent.sampler import AgentParams, AgentSession, agent_params, check_agent_spec
+from credo.agent.sampler import (
+    AgentParams,
+    AgentSession,
+    agent_params,
+    agent_problem,
+    check_agent_spec,
+)
 
-__all__ = ["AgentParams", "AgentSession", "agent_params", "check_agent_spec"]
+__all__ = ["AgentParams", "AgentSession", "agent_params", "agent_problem", "check_agent_spec"]

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from credo.envs.base import Task
+from credo.envs.base import Task, resolve_env
 from credo.eval.evaluate import EvalResult, wilson_interval
 from credo.policy.base import SamplingParams
 from credo.rollout.sampler import SamplerContext, register_sampler
@@ -60,7 +60,14 @@ from credo.rollout.sampler import SamplerContext, register_sampler
 if TYPE_CHECKING:
     from credo.rollout.group import RolloutResult
 
-__all__ = ["AgentParams", "AgentSession", "agent_params", "check_agent_spec", "sample_agent"]
+__all__ = [
+    "AgentParams",
+    "AgentSession",
+    "agent_params",
+    "agent_problem",
+    "check_agent_spec",
+    "sample_agent",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -218,7 +225,67 @@ def _session_for(params: AgentParams | None) -> AgentSession | None:
     return AgentSession(params) if params is not None and params.agent else None
 
 
-@register_sampler("agent", params=AgentParams, state=_session_for)
+def agent_params(cfg: Any) -> AgentParams:
+    """The ``agent`` sampler's knobs of a run config (``rollout.agent``,
+    ``agent_timeout_s``, ``agent_concurrency``, and ``env`` for the tasks' data)."""
+    r = cfg.rollout
+    return AgentParams(
+        agent=r.agent or "",
+        timeout_s=r.agent_timeout_s,
+        max_concurrency=r.agent_concurrency,
+        env=cfg.env.name,
+        env_kwargs=dict(cfg.env.kwargs),
+    )
+
+
+def agent_problem(cfg: Any) -> str | None:
+    """Why ``cfg`` cannot train an agent, in one line (``None``: it can): the agent sampler's
+    check at config load. ``rollout.agent`` names a loadable ``async def`` (the ``serve``
+    extra installed), the env loop's add-ons are off, and a warm start needs an env with
+    an oracle."""
+    r = cfg.rollout
+    if r.agent is None:
+        return "rollout.sampler=agent needs rollout.agent='module:function' (or --agent)"
+    if r.sampler not in ("group", "agent"):
+        return (
+            f"rollout.agent runs the agent's own episodes (G per task): rollout.sampler must "
+            f"stay group, got {r.sampler!r}"
+        )
+    if r.sampler_params:
+        return (
+            f"rollout.agent takes no rollout.sampler_params (got {sorted(r.sampler_params)}); "
+            "its knobs are rollout.agent_timeout_s and rollout.agent_concurrency"
+        )
+    if r.oracle_horizon > 0:
+        return (
+            "rollout.agent: oracle continuations (rollout.oracle_horizon) need env "
+            "snapshots, which an agent's episodes do not have; set rollout.oracle_horizon=0"
+        )
+    if r.agent_timeout_s <= 0:
+        return f"rollout.agent_timeout_s must be > 0, got {r.agent_timeout_s}"
+    if r.agent_concurrency is not None and r.agent_concurrency < 1:
+        return f"rollout.agent_concurrency must be ≥ 1, got {r.agent_concurrency}"
+    try:
+        check_agent_spec(r.agent)
+    except (ImportError, ValueError) as exc:
+        return str(exc)
+    if cfg.sft.enabled and not hasattr(resolve_env(cfg.env.name), "oracle_action"):
+        return (
+            f"rollout.agent: the warm start (sft.enabled) learns from the oracle "
+            f"demonstrations of env.name={cfg.env.name!r}, which has no oracle_action; "
+            "set sft.enabled=false (or name the env the agent plays)"
+        )
+    return None
+
+
+@register_sampler(
+    "agent",
+    params=AgentParams,
+    state=_session_for,
+    check=agent_problem,
+    configure=agent_params,
+    run_state=True,
+)
 def sample_agent(
     ctx: SamplerContext,
     tasks: Sequence[Task],
@@ -242,16 +309,3 @@ def sample_agent(
     finally:
         if state is None:
             session.close()
-
-
-def agent_params(cfg: Any) -> AgentParams:
-    """The ``agent`` sampler's knobs of a run config (``rollout.agent``,
-    ``agent_timeout_s``, ``agent_concurrency``, and ``env`` for the tasks' data)."""
-    r = cfg.rollout
-    return AgentParams(
-        agent=r.agent or "",
-        timeout_s=r.agent_timeout_s,
-        max_concurrency=r.agent_concurrency,
-        env=cfg.env.name,
-        env_kwargs=dict(cfg.env.kwargs),
-    )

@@ -34,11 +34,13 @@ from credo.rollout.resample import ResampleParams, sample_resampled
 from credo.rollout.sampler import (
     SAMPLERS,
     SamplerContext,
+    SamplerSpec,
     make_sampler_state,
     register_sampler,
     sample,
     sampler_names,
     sampler_params,
+    sampler_spec,
 )
 from credo.rollout.tree import LikelihoodAllocator, TreeParams, sample_trees
 
@@ -56,6 +58,7 @@ __all__ = [
     "ResampleParams",
     "RolloutResult",
     "SamplerContext",
+    "SamplerSpec",
     "Trajectory",
     "TreeParams",
     "Turn",
@@ -75,6 +78,7 @@ __all__ = [
     "sample_trees",
     "sampler_names",
     "sampler_params",
+    "sampler_spec",
     "split_oracle",
     "start_runners",
     "take_step",

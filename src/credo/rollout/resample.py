@@ -158,7 +158,7 @@ def resample_points(
     return counts
 
 
-@register_sampler("resample", params=ResampleParams)
+@register_sampler("resample", params=ResampleParams, branches=True)
 def sample_resampled(
     ctx: SamplerContext,
     tasks: Sequence[Task],

@@ -19,8 +19,22 @@ config load). A sampler that learns across iterations declares ``state=factory``
 ``None`` when these params keep no state); the trainer builds it once, passes it on every
 call and saves it in checkpoints.
 
-Adding a sampler is one file with a registered function, imported by
-``credo/rollout/__init__.py``.
+What else a sampler declares when it registers (:class:`SamplerSpec`), so that the
+trainer asks the registry instead of the sampler's name:
+
+- ``branches=True``: it restarts episodes from env snapshots (``tree``, ``resample``), so
+  the env's snapshot round trip is checked before any compute;
+- ``check=fn``: ``fn(cfg) -> message | None``, what it needs from the rest of the config,
+  checked at load;
+- ``configure=fn``: ``fn(cfg) -> params``, its knobs from config fields of its own
+  (the ``agent`` sampler's ``rollout.agent*``) instead of ``rollout.sampler_params``;
+- ``run_state=True``: its state lives as long as the run, not the training state (the
+  agent's policy server): the run builds it once, evaluates through it
+  (``evaluate(policy, sampling, episodes=, seed=)``), tells it of new weights
+  (``weights_updated()``) and closes it (``close()``).
+
+Adding a sampler is one file with a registered function (imported by
+``credo/rollout/__init__.py``, or by your own code before the config loads).
 """
 
 from __future__ import annotations
@@ -42,11 +56,13 @@ if TYPE_CHECKING:
 __all__ = [
     "SAMPLERS",
     "SamplerContext",
+    "SamplerSpec",
     "make_sampler_state",
     "register_sampler",
     "sample",
     "sampler_names",
     "sampler_params",
+    "sampler_spec",
 ]
 
 Sampler = Callable[..., "RolloutResult"]
@@ -96,7 +112,14 @@ class SamplerContext:
 
 
 def register_sampler(
-    name: str, *, params: type | None = None, state: Callable[[Any], Any] | None = None
+    name: str,
+    *,
+    params: type | None = None,
+    state: Callable[[Any], Any] | None = None,
+    branches: bool = False,
+    check: Callable[[Any], str | None] | None = None,
+    configure: Callable[[Any], Any] | None = None,
+    run_state: bool = False,
 ) -> Callable[[Sampler], Sampler]:
     """Decorator: make ``fn`` available as ``rollout.sampler: <name>`` in configs.
 
@@ -105,8 +128,39 @@ def register_sampler(
         params: the dataclass of its knobs (``rollout.sampler_params``), or ``None``.
         state: ``factory(params) -> state | None`` for a sampler that keeps state across
             iterations.
+        branches: it restarts episodes from env snapshots (module docstring).
+        check: ``check(cfg) -> message | None``, checked at config load.
+        configure: ``configure(cfg) -> params``, its knobs from its own config fields.
+        run_state: its state lives as long as the run (module docstring).
     """
-    return SAMPLERS.register(name, params=params, state=state)
+    return SAMPLERS.register(
+        name,
+        params=params,
+        state=state,
+        branches=branches,
+        check=check,
+        configure=configure,
+        run_state=run_state,
+    )
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """What a sampler declared when it registered (:func:`register_sampler`)."""
+
+    name: str
+    params: type | None
+    state: Callable[[Any], Any] | None
+    branches: bool
+    check: Callable[[Any], str | None] | None
+    configure: Callable[[Any], Any] | None
+    run_state: bool
+
+
+def sampler_spec(name: str) -> SamplerSpec:
+    """The declarations of sampler ``name`` (a ``KeyError`` naming the valid ones
+    otherwise)."""
+    return SamplerSpec(name, **SAMPLERS.meta(name))
 
 
 def sampler_names() -> list[str]:

@@ -292,7 +292,7 @@ def _tree_state(params: TreeParams) -> LikelihoodAllocator | None:
     return None
 
 
-@register_sampler("tree", params=TreeParams, state=_tree_state)
+@register_sampler("tree", params=TreeParams, state=_tree_state, branches=True)
 def sample_trees(
     ctx: SamplerContext,
     tasks: Sequence[Task],

@@ -13,6 +13,7 @@ from credo.tasks.registry import (
     TaskSourceContext,
     make_task_source,
     register_task_source,
+    task_source_check,
     task_source_names,
     task_source_params,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "group_stats",
     "make_task_source",
     "register_task_source",
+    "task_source_check",
     "task_source_names",
     "task_source_params",
 ]

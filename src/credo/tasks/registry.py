@@ -20,7 +20,9 @@ group) after the credit step, and the seed of a second stream for its own random
         def __init__(self, ctx: TaskSourceContext, params: NameParams) -> None: ...
 
 ``tasks.source`` names it in the config and ``tasks.params`` fills ``NameParams`` (a
-dataclass; unknown keys fail at config load).
+dataclass; unknown keys fail at config load). A source that needs more of the run
+declares ``check=fn``: ``fn(params, ctx, env) -> message | None`` at config load, with
+the run's :class:`TaskSourceContext` (no env factory) and its ``env.name``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "TaskSourceContext",
     "make_task_source",
     "register_task_source",
+    "task_source_check",
     "task_source_names",
     "task_source_params",
 ]
@@ -80,16 +83,26 @@ TaskSourceFactory = Callable[[TaskSourceContext, Any], TaskSource]
 TASK_SOURCES: Registry[TaskSourceFactory] = Registry("task source")
 
 
+#: ``check(params, ctx, env) -> message | None`` (see the module docstring).
+TaskSourceCheck = Callable[[Any, TaskSourceContext, str], "str | None"]
+
+
 def register_task_source(
-    name: str, *, params: type | None = None
+    name: str, *, params: type | None = None, check: TaskSourceCheck | None = None
 ) -> Callable[[TaskSourceFactory], TaskSourceFactory]:
     """Decorator: make a task source class available as ``tasks.source: <name>``.
 
     Args:
         name: the config name.
         params: the dataclass of its knobs (``tasks.params``), or ``None``.
+        check: what it needs of the run and the env, checked at config load.
     """
-    return TASK_SOURCES.register(name, params=params)
+    return TASK_SOURCES.register(name, params=params, check=check)
+
+
+def task_source_check(name: str) -> TaskSourceCheck | None:
+    """The ``check`` task source ``name`` registered, or ``None``."""
+    return TASK_SOURCES.meta(name)["check"]
 
 
 def task_source_names() -> list[str]:

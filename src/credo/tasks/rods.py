@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from credo.data.episode import Episode
-from credo.envs.base import Task
+from credo.envs.base import Task, resolve_env
 from credo.tasks.registry import TaskSourceContext, register_task_source
 from credo.tasks.signal import SIGNALS, episode_signal
 
@@ -183,7 +183,24 @@ class TaskStats:
         return self.task.id
 
 
-@register_task_source("rods", params=RodsParams)
+def _check(params: RodsParams, ctx: TaskSourceContext, env: str) -> str | None:
+    """The seed pool fits the run's task counts; spawning needs ``similar_task`` of the
+    env named ``env``."""
+    if params.seed_pool < ctx.tasks_per_iter or params.seed_pool > ctx.train_tasks:
+        return (
+            f"tasks.params.seed_pool={params.seed_pool} must be between rollout.tasks_per_iter"
+            f"={ctx.tasks_per_iter} (the distinct tasks of an iteration) and rollout.train_tasks"
+            f"={ctx.train_tasks}"
+        )
+    if params.spawn > 0 and not hasattr(resolve_env(env), "similar_task"):
+        return (
+            f"tasks.source=rods spawns variants with the env's similar_task(task, rng), which "
+            f"env {env!r} lacks; implement it or set tasks.params.spawn=0"
+        )
+    return None
+
+
+@register_task_source("rods", params=RodsParams, check=_check)
 class RodsSource:
     """The RODS task buffer (see the module docstring).
 

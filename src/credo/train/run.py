@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from credo.agent import AgentSession, agent_params
 from credo.critics.verify import CriticGuard, guard_from_config
 from credo.envs.base import Task, make_env, resolve_env
 from credo.eval.evaluate import EvalResult, evaluate
@@ -36,6 +35,7 @@ from credo.rollout import (
     make_sampler_state,
     sample,
     sampler_params,
+    sampler_spec,
 )
 from credo.rollout.envcheck import check_round_trip, collect_words, preflight
 from credo.rollout.ray_envs import EnvPool
@@ -79,9 +79,12 @@ class Run:
         sampling: the rollouts' sampling parameters (with KLPO's auxiliary draws and
             top-K head when the config asks for them).
         max_turns: the sampler's turn cap.
-        agent: with ``rollout.agent``, the run's agent session (the ``agent`` sampler's
-            state: its policy server lives as long as the run; :meth:`close` stops it),
-            through which the rollouts and the held-out evaluation go; else ``None``.
+        sampler: the sampler the rollouts go through (``rollout.sampler``, or ``agent``
+            with ``rollout.agent``) and :attr:`sampler_params` its knobs.
+        session: the state of a sampler registered with ``run_state`` (the ``agent``
+            sampler's session: its policy server lives as long as the run;
+            :meth:`close` stops it), through which the rollouts and the held-out
+            evaluation go; else ``None``.
         engine: what generates the rollouts (``rollout.engine``, :mod:`credo.policy.
             engine`); re-synced with the trainer's weights once after every update (at
             the first generation that follows it, :meth:`sampling_policy`).
@@ -99,7 +102,9 @@ class Run:
     renderer: Renderer
     sampling: SamplingParams
     max_turns: int
-    agent: AgentSession | None = None
+    sampler: str = "group"
+    sampler_params: Any = None
+    session: Any = None
     engine: GenerationEngine | None = None
     weights_version: int = 0
     env_pool: EnvPool | None = None
@@ -159,17 +164,23 @@ class Run:
         sync_s = time.perf_counter() - sync_start if self._synced != synced else None
         acting = self.critic.wrap(policy) if self.critic is not None else policy
         ctx = self.sampler_context(acting, generator=generator, choice_seed=choice_seed)
-        if self.agent is not None:
+        if self.session is not None:  # the sampler's own run-long state (the agent's server)
             return sample(
-                "agent",
+                self.sampler,
                 ctx,
                 tasks,
                 group_size=r.group_size,
-                params=self.agent.params,
-                state=self.agent,
+                params=self.sampler_params,
+                state=self.session,
             )
-        params = sampler_params(r.sampler, r.sampler_params)
-        result = sample(r.sampler, ctx, tasks, group_size=r.group_size, params=params, state=state)
+        result = sample(
+            self.sampler,
+            ctx,
+            tasks,
+            group_size=r.group_size,
+            params=self.sampler_params,
+            state=state,
+        )
         if self.critic is not None:
             result = self.critic.finish(result)
         if r.oracle_horizon > 0:
@@ -211,9 +222,9 @@ class Run:
         KLPO's auxiliary draws or top-K head, from the seed ``eval.seed``: every recipe
         and every command sees the same random stream, so equal policies get equal
         scores. ``greedy``: temperature 0. ``trials`` episodes per task and ``ks`` (each
-        ≤ ``trials``) add pass@k and pass^k (:mod:`credo.eval.passk`). An agent run is
-        evaluated through its agent (:meth:`~credo.agent.sampler.AgentSession.evaluate`),
-        one trial per task."""
+        ≤ ``trials``) add pass@k and pass^k (:mod:`credo.eval.passk`). A run whose sampler
+        keeps a run-long session is evaluated through it (an agent run through its agent,
+        :meth:`~credo.agent.sampler.AgentSession.evaluate`), one trial per task."""
         sampling = dataclasses.replace(
             self.sampling,
             temperature=0.0 if greedy else self.sampling.temperature,
@@ -221,8 +232,8 @@ class Run:
             topk_logprobs=0,
         )
         episodes = self.cfg.eval.episodes if episodes is None else episodes
-        if self.agent is not None:
-            return self.agent.evaluate(
+        if self.session is not None:
+            return self.session.evaluate(
                 policy if policy is not None else self.policy,
                 sampling,
                 episodes=episodes,
@@ -242,25 +253,24 @@ class Run:
 
     def new_sampler_state(self) -> Any:
         """The state the configured sampler keeps across iterations (``None`` if none):
-        the agent session for an agent run, else ``rollout.sampler``'s own."""
-        if self.agent is not None:
-            return self.agent
-        r = self.cfg.rollout
-        return make_sampler_state(r.sampler, sampler_params(r.sampler, r.sampler_params))
+        its run-long session (the agent's), else a fresh state of its own."""
+        if self.session is not None:
+            return self.session
+        return make_sampler_state(self.sampler, self.sampler_params)
 
     def weights_updated(self) -> None:
         """Call after each policy update (an agent run stamps later calls with it; the
         engine gets the new weights before its next generation)."""
         self.weights_version += 1
-        if self.agent is not None:
-            self.agent.weights_updated()
+        if self.session is not None:
+            self.session.weights_updated()
 
     def close(self) -> None:
         """Release what the run holds beyond memory: an agent run's policy server, the
         generation engine, the env workers' Ray actors (and the local Ray, if the pool
         started it)."""
-        if self.agent is not None:
-            self.agent.close()
+        if self.session is not None:
+            self.session.close()
         if self.engine is not None:
             self.engine.close()
         if self.env_pool is not None:
@@ -286,10 +296,11 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
         raise ValueError(problem)
     make = env_factory(cfg)
     r = cfg.rollout
+    sampler = sampler_spec(r.sampler_in_use)
     preflight(
         make,
         needs_oracle=cfg.sft.enabled and policy_path is None,
-        snapshots=r.sampler in ("tree", "resample") or r.oracle_horizon > 0,
+        snapshots=sampler.branches or r.oracle_horizon > 0,
     )
     env = make()
     cap = getattr(env, "max_turns", None)
@@ -307,13 +318,19 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     policy.configure_kv_reuse(cfg.rollout.kv_reuse, cfg.rollout.kv_cache_mb)
     renderer = build_renderer(cfg, policy, builtin=builtin, env=env, make=make)
     check_round_trip(make, [Task.make("train", i) for i in range(2)], policy.tokenizer, renderer)
-    agent = AgentSession(agent_params(cfg)) if cfg.rollout.agent else None
+    knobs = (
+        sampler.configure(cfg)
+        if sampler.configure
+        else sampler_params(sampler.name, r.sampler_params)
+    )
+    session = make_sampler_state(sampler.name, knobs) if sampler.run_state else None
     sampling = sampling_for(cfg, builtin=builtin)
     engine = make_engine(cfg.rollout.engine, cfg.rollout.engine_params)
     critic = guard_from_config(cfg.critic)
     return Run(
-        cfg, make, policy, builtin, renderer, sampling, max_turns, agent, engine, critic=critic
-    )
+        cfg, make, policy, builtin, renderer, sampling, max_turns, sampler.name, knobs, session,
+        engine, critic=critic,
+    )  # fmt: skip
 
 
 def build_renderer(

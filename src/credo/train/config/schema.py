@@ -236,6 +236,12 @@ class RolloutConfig:
     env_timeout_s: float = 30.0
     env_retries: int = 2
 
+    @property
+    def sampler_in_use(self) -> str:
+        """The sampler the rollouts go through: ``agent`` when ``agent`` is set (the
+        agent's own episodes, :mod:`credo.agent`), else ``sampler``."""
+        return "agent" if self.agent is not None else self.sampler
+
 
 @dataclass
 class TasksConfig:

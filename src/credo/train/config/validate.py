@@ -143,6 +143,7 @@ HISTORY_ROOM = 128
 
 
 def _rollout(cfg: Config) -> None:
+    import credo.agent  # noqa: F401  (registers the agent sampler)
     from credo.rollout import DIVERGENCE_POLICIES, ORACLE_STARTS, SAMPLERS, sampler_params
 
     r = cfg.rollout
@@ -203,80 +204,40 @@ def _rollout(cfg: Config) -> None:
             f"rollout.train_tasks={r.train_tasks} is smaller than rollout.tasks_per_iter="
             f"{r.tasks_per_iter}: each iteration draws that many distinct training tasks"
         )
-    _agent(cfg)
+    _sampler_needs(cfg)
     from credo.policy.engine import check_engine_config
 
     if problem := check_engine_config(r):
         raise ConfigError(problem)
 
 
-def _agent(cfg: Config) -> None:
-    """``rollout.agent``: a loadable ``async def`` (the ``serve`` extra installed), the env
-    loop's add-ons off, and a warm start only from an env that has an oracle."""
-    r = cfg.rollout
-    if r.agent is None:
-        if r.sampler == "agent":
-            raise ConfigError(
-                "rollout.sampler=agent needs rollout.agent='module:function' (or --agent)"
-            )
-        return
-    if r.sampler not in ("group", "agent"):
-        raise ConfigError(
-            f"rollout.agent runs the agent's own episodes (G per task): rollout.sampler must "
-            f"stay group, got {r.sampler!r}"
-        )
-    if r.sampler_params:
-        raise ConfigError(
-            f"rollout.agent takes no rollout.sampler_params (got {sorted(r.sampler_params)}); "
-            "its knobs are rollout.agent_timeout_s and rollout.agent_concurrency"
-        )
-    if r.oracle_horizon > 0:
-        raise ConfigError(
-            "rollout.agent: oracle continuations (rollout.oracle_horizon) need env "
-            "snapshots, which an agent's episodes do not have; set rollout.oracle_horizon=0"
-        )
-    if r.agent_timeout_s <= 0:
-        raise ConfigError(f"rollout.agent_timeout_s must be > 0, got {r.agent_timeout_s}")
-    _at_least(1, {"rollout.agent_concurrency": r.agent_concurrency})
-    from credo.agent import check_agent_spec
+def _sampler_needs(cfg: Config) -> None:
+    """What the sampler in use (``rollout.sampler``, or ``agent`` with ``rollout.agent``)
+    registered as its ``check`` of the rest of the config."""
+    from credo.rollout import SAMPLERS, sampler_spec
 
-    try:
-        check_agent_spec(r.agent)
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
-    if cfg.sft.enabled:
-        from credo.envs.base import resolve_env
-
-        if not hasattr(resolve_env(cfg.env.name), "oracle_action"):
-            raise ConfigError(
-                f"rollout.agent: the warm start (sft.enabled) learns from the oracle "
-                f"demonstrations of env.name={cfg.env.name!r}, which has no oracle_action; "
-                "set sft.enabled=false (or name the env the agent plays)"
-            )
+    name = cfg.rollout.sampler_in_use
+    if name not in SAMPLERS:
+        raise ConfigError(unknown_name_message("sampler", name, SAMPLERS.names()))
+    check = sampler_spec(name).check
+    if check is not None and (problem := check(cfg)):
+        raise ConfigError(problem)
 
 
 def _tasks(cfg: Config) -> None:
-    from credo.envs.base import resolve_env
-    from credo.tasks import TASK_SOURCES, task_source_params
+    from credo.tasks import TASK_SOURCES, TaskSourceContext, task_source_check, task_source_params
 
     t, r = cfg.tasks, cfg.rollout
     _registered(
         TASK_SOURCES, t.source, "tasks.params", lambda: task_source_params(t.source, t.params)
     )
-    if t.source != "rods":
+    check = task_source_check(t.source)
+    if check is None:
         return
     params = task_source_params(t.source, t.params)
-    if params.seed_pool < r.tasks_per_iter or params.seed_pool > r.train_tasks:
-        raise ConfigError(
-            f"tasks.params.seed_pool={params.seed_pool} must be between rollout.tasks_per_iter"
-            f"={r.tasks_per_iter} (the distinct tasks of an iteration) and rollout.train_tasks"
-            f"={r.train_tasks}"
-        )
-    if params.spawn > 0 and not hasattr(resolve_env(cfg.env.name), "similar_task"):
-        raise ConfigError(
-            f"tasks.source=rods spawns variants with the env's similar_task(task, rng), which "
-            f"env {cfg.env.name!r} lacks; implement it or set tasks.params.spawn=0"
-        )
+    problem = check(params, TaskSourceContext(r.train_tasks, r.tasks_per_iter), cfg.env.name)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _credit(cfg: Config) -> None:
