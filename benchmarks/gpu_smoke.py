@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     from credo.envs import Task
     from credo.policy.lora import shared_reference, trainable_parameters
     from credo.train.config import load_config
+    from credo.train.parts import update_context
     from credo.train.run import add_adapters, build_run
-    from credo.train.update import UpdateContext, policy_update
+    from credo.train.update import policy_update
 
     cfg = load_config("grpo", overrides(args))
     t = time.perf_counter()
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         reference = HFPolicy(frozen, policy.tokenizer, policy.device)
     params = trainable_parameters(policy.model)
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=0.0)
-    ctx = UpdateContext(policy, optimizer, cfg, reference)
+    ctx = update_context(cfg, policy, optimizer, reference)
     n_train = sum(p.numel() for p in params)
     n_all = sum(p.numel() for p in policy.model.parameters())
     print(

@@ -30,8 +30,9 @@ from _common import print_table
 from credo.envs.base import Task
 from credo.rollout import sample_groups
 from credo.train.config import load_config
+from credo.train.parts import update_context
 from credo.train.run import build_run
-from credo.train.update import UpdateContext, policy_update
+from credo.train.update import policy_update
 
 #: (label, recipe, overrides): each objective as the recipes configure it.
 OBJECTIVES: list[tuple[str, str, list[str]]] = [
@@ -103,7 +104,7 @@ def main() -> None:
         pol = copy.deepcopy(policy)
         ref = copy.deepcopy(policy) if cfg.objective.kl_coef > 0 else None
         opt = torch.optim.AdamW(pol.model.parameters(), lr=cfg.optim.lr)
-        ctx = UpdateContext(pol, opt, cfg, ref)
+        ctx = update_context(cfg, pol, opt, ref)
         b = copy.deepcopy(b)
         t0 = time.perf_counter()
         policy_update(ctx, b, iteration=rep, generator=torch.Generator().manual_seed(rep))

@@ -31,6 +31,7 @@ import torch
 from _common import print_table, sample_first_iteration
 
 from credo.train.config import load_config
+from credo.train.parts.teacher import TeacherPart
 from credo.train.progress import Progress
 from credo.train.run import build_run
 from credo.train.state import TrainState
@@ -68,11 +69,12 @@ def main() -> None:
             progress = Progress(enabled=False)
             policy, _ = start_policy(run, Path(tmp), resuming=False, progress=progress)
             state = TrainState.start(run, Path(tmp), policy, None)
-            assert state.teaching is not None
+            part = state.parts.get("teacher")
+            assert isinstance(part, TeacherPart)
             if args.policy:  # a self-teacher is the student's own weights: both load them
                 state.policy.load_weights(args.policy)
             rollout, forest = sample_first_iteration(run, state, args.seed)
-            lesson = state.teaching.lesson(
+            lesson = part.teaching.lesson(
                 run.renderer, forest, rollout.episodes, state.policy.pad_id
             )
             batch = forest.to_batch(torch.zeros(forest.num_rows), pad_id=state.policy.pad_id)

@@ -4,7 +4,7 @@ Recipes that add dense rewards to the env's (a KL penalty to the reference,
 ``objective.kl_reward_coef``; a teacher's reward, ``teacher.route`` ``row_reward`` or
 ``oprd``) hand the estimator one return per episode that mixes them. This diagnostic
 samples one iteration of a run's policy, exactly as the run's iteration does, applies the
-same rewards (:func:`credo.train.update.kl_reward_penalty_rows`, the teacher's
+same rewards (:func:`credo.train.parts.kl_penalty.kl_reward_penalty_rows`, the teacher's
 ``Lesson.reward``) and prints, for successful and failed episodes apart, each
 component's mean and spread per episode, episode length and its correlation with the
 total, and how many mixed groups rank a success below a failure. A dense reward whose
@@ -34,9 +34,10 @@ import yaml
 from _common import print_table, sample_first_iteration
 
 from credo.train.config import Config, apply_overrides
+from credo.train.parts.kl_penalty import kl_reward_penalty_rows
+from credo.train.parts.teacher import TeacherPart
 from credo.train.run import build_run
 from credo.train.state import TrainState
-from credo.train.update import UpdateContext, kl_reward_penalty_rows
 
 
 def per_episode(row_episode: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
@@ -70,18 +71,21 @@ def main() -> None:
         state = TrainState.start(run, Path(tmp), run.policy, None)
         state.policy.load_weights(args.run_dir / args.policy)
         rollout, forest = sample_first_iteration(run, state, args.seed)
-        update = UpdateContext(state.policy, state.optimizer, cfg, state.reference)
         kl = torch.zeros_like(forest.reward)
         if cfg.objective.kl_reward_coef > 0:
             kl = -kl_reward_penalty_rows(
-                update,
+                state.policy,
+                state.reference,
                 forest,
                 beta=cfg.objective.kl_reward_coef,
+                estimator=cfg.objective.kl_estimator,
+                temperature=cfg.rollout.temperature,
                 micro_rows=cfg.optim.micro_batch_rows,
             )
         teacher = torch.zeros_like(forest.reward)
-        if state.teaching is not None:
-            lesson = state.teaching.lesson(
+        part = state.parts.get("teacher")
+        if isinstance(part, TeacherPart):
+            lesson = part.teaching.lesson(
                 run.renderer, forest, rollout.episodes, state.policy.pad_id
             )
             teacher = lesson.reward(forest).reward - forest.reward

@@ -40,8 +40,9 @@ from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
 from credo.rollout import RolloutResult
 from credo.train.config import load_config
+from credo.train.parts import update_context
 from credo.train.run import build_run
-from credo.train.update import UpdateContext, policy_update
+from credo.train.update import policy_update
 
 pytestmark = pytest.mark.slow  # the slow tier: several processes (torchrun, gloo)
 
@@ -132,7 +133,7 @@ def _one_update() -> dict[str, torch.Tensor]:
     batch = full.forest.to_batch(adv, pad_id=policy.pad_id)
     reference = HFPolicy(copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device)
     opt = torch.optim.AdamW(trainable_parameters(policy.model), lr=cfg.optim.lr)
-    ctx = UpdateContext(policy, opt, cfg, reference)
+    ctx = update_context(cfg, policy, opt, reference)
     metrics = policy_update(
         ctx, batch, iteration=0, generator=torch.Generator().manual_seed(7), oracle=None
     )

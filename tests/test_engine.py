@@ -37,7 +37,8 @@ from credo.policy.vllm_engine import (
     vllm_problem,
 )
 from credo.train.config import ConfigError, load_config
-from credo.train.update import UpdateContext, policy_update, score_batch
+from credo.train.parts import update_context
+from credo.train.update import policy_update, score_batch
 from small_run import SMALL as SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +124,7 @@ def _update(policy, batch, overrides: list[str]):  # type: ignore[no-untyped-def
     cfg = load_config("grpo", ["sft.enabled=false", "optim.grad_clip=1e9", *overrides])
     opt = torch.optim.SGD(policy.model.parameters(), lr=1.0)
     before = [p.detach().clone() for p in policy.model.parameters()]
-    m = policy_update(UpdateContext(policy, opt, cfg), batch, iteration=0, generator=None)
+    m = policy_update(update_context(cfg, policy, opt), batch, iteration=0, generator=None)
     step = torch.cat(
         [(p.detach() - b).flatten() for p, b in zip(policy.model.parameters(), before)]
     )

@@ -220,10 +220,10 @@ def test_resume_before_the_first_checkpoint_does_not_duplicate_metrics(
     real = iteration_module.policy_update
     for kill_at in (2, 3):
 
-        def killing(ctx, batch, *, iteration, generator, oracle=None, kill_at=kill_at):  # type: ignore[no-untyped-def]
+        def killing(ctx, batch, *, iteration, generator, kill_at=kill_at):  # type: ignore[no-untyped-def]
             if iteration == kill_at:
                 raise Killed(f"iteration {iteration}")
-            return real(ctx, batch, iteration=iteration, generator=generator, oracle=oracle)
+            return real(ctx, batch, iteration=iteration, generator=generator)
 
         monkeypatch.setattr(iteration_module, "policy_update", killing)
         with pytest.raises(Killed):
@@ -245,10 +245,10 @@ def test_kill_while_resume_rewrites_config_and_metrics(
     cfg = _cfg(tmp_path, "rewrite")
     real = iteration_module.policy_update
 
-    def killing(ctx, batch, *, iteration, generator, oracle=None):  # type: ignore[no-untyped-def]
+    def killing(ctx, batch, *, iteration, generator):  # type: ignore[no-untyped-def]
         if iteration == 2:
             raise Killed("iteration 2")
-        return real(ctx, batch, iteration=iteration, generator=generator, oracle=oracle)
+        return real(ctx, batch, iteration=iteration, generator=generator)
 
     monkeypatch.setattr(iteration_module, "policy_update", killing)
     with pytest.raises(Killed):
@@ -332,10 +332,10 @@ def test_sigterm_stops_like_ctrl_c_and_resume_is_identical(
         saves.append(iteration)
         return real_save(run_dir, iteration, *args, **kwargs)
 
-    def terminating(ctx, batch, *, iteration, generator, oracle=None):  # type: ignore[no-untyped-def]
+    def terminating(ctx, batch, *, iteration, generator):  # type: ignore[no-untyped-def]
         if iteration == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends
-        return real(ctx, batch, iteration=iteration, generator=generator, oracle=oracle)
+        return real(ctx, batch, iteration=iteration, generator=generator)
 
     monkeypatch.setattr(iteration_module, "policy_update", terminating)
     monkeypatch.setattr(state_module, "save_checkpoint", counting_save)
@@ -383,10 +383,10 @@ def test_tensorboard_history_survives_resume(
 
     real = iteration_module.policy_update
 
-    def killing(ctx, batch, *, iteration, generator, oracle=None):  # type: ignore[no-untyped-def]
+    def killing(ctx, batch, *, iteration, generator):  # type: ignore[no-untyped-def]
         if iteration == 3:
             raise Killed("iteration 3")
-        return real(ctx, batch, iteration=iteration, generator=generator, oracle=oracle)
+        return real(ctx, batch, iteration=iteration, generator=generator)
 
     cfg = _cfg(tmp_path, "tb")
     monkeypatch.setattr(iteration_module, "policy_update", killing)

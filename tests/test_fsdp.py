@@ -26,14 +26,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from credo.engines import Engine, fsdp, zero
 from credo.engines import distributed as dp
-from credo.engines import fsdp, zero
 from credo.envs.base import Task
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
 from credo.train.config import load_config
+from credo.train.parts import update_context
 from credo.train.run import build_run
-from credo.train.update import UpdateContext, policy_update
+from credo.train.update import policy_update
 from test_distributed import (
     CREDO_SRC,
     REPO,
@@ -89,7 +90,7 @@ def _sharded_update() -> dict[str, torch.Tensor]:
     fsdp.idle_loss = counted  # type: ignore[assignment]
     try:
         metrics = policy_update(
-            UpdateContext(trainer, opt, cfg, reference, zero=engine),
+            update_context(cfg, trainer, opt, reference, engine=Engine(zero=engine)),
             batch,
             iteration=0,
             generator=torch.Generator().manual_seed(7),

@@ -9,7 +9,8 @@ import torch
 from credo.data import TokenBatch
 from credo.policy import HFPolicy
 from credo.train.config import ConfigError, load_config
-from credo.train.update import UpdateContext, policy_update
+from credo.train.parts import update_context
+from credo.train.update import policy_update
 from test_update import _batch as _update_batch
 from test_update import _policy
 
@@ -31,7 +32,7 @@ def _update(
     policy: HFPolicy, opt: torch.optim.Optimizer, batch: TokenBatch, overrides: list[str]
 ) -> dict:
     cfg = load_config("grpo", ["sft.enabled=false", *overrides])
-    ctx = UpdateContext(policy, opt, cfg)
+    ctx = update_context(cfg, policy, opt)
     return policy_update(ctx, batch, iteration=0, generator=torch.Generator().manual_seed(0))
 
 

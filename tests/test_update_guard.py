@@ -10,6 +10,7 @@ import torch
 from credo.engines import fsdp
 from credo.train import update as upd
 from credo.train.config import ConfigError, load_config
+from credo.train.parts import trust_region, update_context
 from credo.train.update import UpdateContext, policy_update
 from test_update import _batch, _policy
 
@@ -17,7 +18,7 @@ from test_update import _batch, _policy
 def _ctx(overrides: list[str], policy, opt=None):  # type: ignore[no-untyped-def]
     cfg = load_config("grpo", ["sft.enabled=false", "optim.lr=0.05", *overrides])
     opt = opt or torch.optim.AdamW(policy.model.parameters(), lr=cfg.optim.lr)
-    return UpdateContext(policy, opt, cfg)
+    return update_context(cfg, policy, opt)
 
 
 def _update(ctx: UpdateContext, seed: int = 0) -> dict:
@@ -85,7 +86,7 @@ def test_the_crossing_step_is_undone_and_the_rest_skipped(
 
     kls = iter([0.01, 0.5, 0.0, 0.0])
     monkeypatch.setattr(upd, "_minibatch_step", recording)
-    monkeypatch.setattr(upd, "_kl_after_step", lambda *a, **k: next(kls))
+    monkeypatch.setattr(trust_region, "_kl_after_step", lambda *a, **k: next(kls))
     m = _update(_ctx(["optim.epochs=2", "optim.minibatches=2", "optim.max_kl=0.1"], pol))
     assert len(after_step) == 2  # the third and fourth steps were skipped
     assert m["policy/steps_kept"] == 1 and m["policy/steps_undone"] == 1

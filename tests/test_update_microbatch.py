@@ -13,7 +13,8 @@ from credo.rollout import PlainRenderer, sample_groups
 from credo.rollout.render import PLAIN_WORDS
 from credo.rollout.sampler import SamplerContext
 from credo.train.config import load_config
-from credo.train.update import UpdateContext, _micro_chunks, policy_update
+from credo.train.parts import update_context
+from credo.train.update import micro_chunks, policy_update
 
 
 def _ids(chunks: list[torch.Tensor]) -> list[list[int]]:
@@ -26,16 +27,16 @@ def test_chunks_respect_rows_tokens_and_episodes() -> None:
     lengths = torch.tensor([3, 5, 2, 2, 6])
     # budget 10 tokens = rows × longest row: [0,1] is 2×5 = 10; adding row 2 would be
     # 3×5 = 15. [2,3] is 2×2 = 4; adding row 4 would be 3×6 = 18. Row 4 alone is 6.
-    assert _ids(_micro_chunks(episode, rows, 10, lengths, 10)) == [[0, 1], [2, 3], [4]]
+    assert _ids(micro_chunks(episode, rows, 10, lengths, 10)) == [[0, 1], [2, 3], [4]]
     # the row cap still applies, and cuts fall back to episode boundaries: with 3 rows
     # per chunk the cut after row 2 would split episode 1, so it moves back to row 2
-    assert _ids(_micro_chunks(episode, rows, 3)) == [[0, 1], [2, 3, 4]]
+    assert _ids(micro_chunks(episode, rows, 3)) == [[0, 1], [2, 3, 4]]
     # an episode longer than the budget is split (nothing else is possible)
     ep0 = torch.tensor([0, 0, 0, 1])
     same = torch.full((4,), 2)
-    assert _ids(_micro_chunks(ep0, torch.arange(4), 10, same, 4)) == [[0, 1], [2, 3]]
+    assert _ids(micro_chunks(ep0, torch.arange(4), 10, same, 4)) == [[0, 1], [2, 3]]
     # a row longer than the budget makes a chunk of its own
-    assert _ids(_micro_chunks(episode, rows, 10, lengths, 4)) == [[0], [1], [2, 3], [4]]
+    assert _ids(micro_chunks(episode, rows, 10, lengths, 4)) == [[0], [1], [2, 3], [4]]
 
 
 def test_token_budget_gives_the_same_update() -> None:
@@ -65,7 +66,7 @@ def test_token_budget_gives_the_same_update() -> None:
         cfg = load_config("grpo", [f"optim.micro_batch_tokens={tokens or 'null'}"])
         opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-2)
         m = policy_update(
-            UpdateContext(pol, opt, cfg), copy.deepcopy(batch), iteration=0, generator=None
+            update_context(cfg, pol, opt), copy.deepcopy(batch), iteration=0, generator=None
         )
         params.append([p.detach().clone() for p in pol.model.parameters()])
         metrics.append(m)

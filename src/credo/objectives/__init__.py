@@ -18,6 +18,7 @@ from credo.objectives.aggregation import (
     validate_aggregation,
 )
 from credo.objectives.entropy import entropy_bonus
+from credo.objectives.extras import EXTRAS, extra_token_ids, loss_extras, register_extras
 from credo.objectives.inputs import LossInputs
 from credo.objectives.kl import (
     KL_ESTIMATORS,
@@ -69,6 +70,7 @@ from credo.objectives.sero import (
 __all__ = [
     "AGGREGATIONS",
     "DISTILL_ESTIMATORS",
+    "EXTRAS",
     "KL_ESTIMATORS",
     "LOSSES",
     "RATIO_LEVELS",
@@ -82,6 +84,7 @@ __all__ = [
     "distill_row_reward",
     "distill_token_reward",
     "entropy_bonus",
+    "extra_token_ids",
     "get_loss",
     "kl_binary",
     "kl_diagnostics",
@@ -91,6 +94,7 @@ __all__ = [
     "kl_topk",
     "log_ratio",
     "loss_env_features",
+    "loss_extras",
     "loss_is_advantage_weighted",
     "loss_names",
     "loss_needs",
@@ -104,6 +108,7 @@ __all__ = [
     "oprd_token_reward",
     "reachability_log_weights",
     "register_aggregation",
+    "register_extras",
     "register_loss",
     "renyi_divergence",
     "reverse_kl_sampled",

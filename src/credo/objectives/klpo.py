@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 
+from credo.objectives.extras import register_extras
 from credo.objectives.hpo import sequence_ids
 from credo.objectives.inputs import LossInputs
 from credo.objectives.kl import _log1mexp, kl_binary, kl_topk
@@ -126,6 +127,14 @@ def sampler_extras(
         out[f"{n}_old_logprobs"] = token_extras[f"{n}_old_logprobs"].to(extra_logprobs.device)
         start += size
     return out
+
+
+#: The update gathers the trainer's log-probs of the sampler's sets in its own forward pass.
+register_extras(
+    "sampler",
+    ids=sampler_token_ids,
+    extras=lambda token_extras, logprobs, device: sampler_extras(logprobs, token_extras),
+)
 
 
 def _check_common(inputs: LossInputs, beta: float, kl: str) -> None:

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 
 import torch
 
+from credo.objectives.extras import register_extras
 from credo.objectives.inputs import LossInputs
 from credo.objectives.metrics import masked_weights, policy_metrics
 from credo.objectives.ppo import ppo_token_loss
@@ -163,6 +164,12 @@ def rapo_extras(
     if rng is not None and rng.shape[0] > 0:
         out["rapo_range"] = rng[0, 0].to(device)
     return out
+
+
+#: The update hands the reference's two scorings to the loss, micro-batch by micro-batch.
+register_extras(
+    "rapo", extras=lambda token_extras, _, device: rapo_extras(token_extras, device=device)
+)
 
 
 @register_loss(

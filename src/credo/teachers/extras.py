@@ -25,6 +25,7 @@ from collections.abc import Mapping
 import torch
 
 from credo.data import TokenBatch
+from credo.objectives.extras import register_extras
 from credo.teachers.base import TeacherScores
 
 __all__ = ["attach_teacher_scores", "teacher_extra_ids", "teacher_loss_extras"]
@@ -107,3 +108,13 @@ def teacher_loss_extras(
             )
         out["student_topk_logprobs"] = student_head_logprobs
     return out
+
+
+#: The update gathers the student's log-probs of the teacher's head in its own forward pass.
+register_extras(
+    "teacher",
+    ids=teacher_extra_ids,
+    extras=lambda token_extras, logprobs, device: teacher_loss_extras(
+        token_extras, logprobs, device=device
+    ),
+)

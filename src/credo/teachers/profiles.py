@@ -10,8 +10,9 @@ An env whose tasks carry a profile (``provides_profiles()`` true; ``profile()`` 
 current task's text, found verbatim in its ``instruction()``, and offered as
 ``privileged_context("profile")``; the ``tools`` env with ``profiles=true``) lets the
 trainer compute both terms: the sampler records each step's goal and profile
-(:func:`rollout_texts`), the policy's own prompt is the profile-conditioned one, and the
-plain prompt is the same state re-rendered with the profile cut out of the goal
+(:data:`PROFILE_TEXTS`, the texts RAPO's part in the trainer declares), the policy's own
+prompt is the profile-conditioned one, and the plain prompt is the same state re-rendered
+with the profile cut out of the goal
 (:func:`plain_instruction`, :func:`plain_prompts`). :func:`attach_profile_reference`
 scores the iteration's rows with the reference under both prompts and attaches them to
 the token batch as ``ref_logprobs_profile`` / ``ref_logprobs_plain`` ``[B, L]``, with
@@ -32,7 +33,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from credo.data import RolloutForest, TokenBatch
-from credo.objectives import loss_env_features
 from credo.objectives.rapo import rapo_signal_range
 from credo.policy import HFPolicy
 from credo.teachers import TeacherRows, score_with_policy
@@ -41,29 +41,12 @@ from credo.teachers.teaching import row_histories
 __all__ = [
     "PROFILE_TEXTS",
     "attach_profile_reference",
-    "needs_profiles",
     "plain_instruction",
     "plain_prompts",
-    "rollout_texts",
 ]
 
 #: The per-step texts the sampler records for RAPO.
 PROFILE_TEXTS = ("instruction", "profile")
-
-
-def needs_profiles(cfg: Any) -> bool:
-    """Whether the run's loss needs tasks with a profile (RAPO)."""
-    return "profiles" in loss_env_features(cfg.objective.loss)
-
-
-def rollout_texts(cfg: Any) -> tuple[str, ...]:
-    """The per-step texts the sampler must record (``SamplerContext.texts``): the
-    teacher's (:meth:`TeacherConfig.rollout_texts`) plus the goal and the profile for a
-    loss that needs profiles; order kept, no repeats."""
-    names = list(cfg.teacher.rollout_texts())
-    if needs_profiles(cfg):
-        names += [n for n in PROFILE_TEXTS if n not in names]
-    return tuple(names)
 
 
 _SEPARATORS = " ;,"
@@ -96,7 +79,7 @@ def plain_prompts(renderer: Any, forest: RolloutForest) -> list[list[int] | None
     if missing:
         raise ValueError(
             f"RAPO needs the rollouts' {' and '.join(missing)} per step: the sampler records "
-            "them when SamplerContext.texts holds them (rollout_texts(cfg))"
+            "them when SamplerContext.texts holds them (the run's parts declare them)"
         )
     out: list[list[int] | None] = []
     for instr, prof, hist, obs in zip(

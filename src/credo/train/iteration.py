@@ -1,10 +1,13 @@
 """One training iteration, top to bottom:
 
-    tasks ─► sampler ─► RolloutForest ─► [teacher] ─► credit ─► objective ─► optimizer step ─► metrics
+    tasks ─► sampler ─► forest ─► [rewards] ─► credit ─► [batch transforms] ─► update ─► [after-update] ─► metrics
 
-With a ``teacher`` section, the teacher scores the policy rows once after the rollouts
-(:mod:`credo.teachers.teaching`): reward routes change the rewards before credit, token
-routes the token batch, and an EMA teacher follows the student after the update.
+Each bracket is the list of the run's parts that take part in that stage, built once from
+the config (:mod:`credo.train.parts`): the KL reward penalty, a teacher's reward route and
+SERPO's judge change the rewards; SERO's oracle rows, RAPO's reference and a teacher's
+token route extend the token batch; FSDP's sampling copy and an EMA teacher follow the new
+weights; the periodic evaluation reports after the iteration is timed. How the processes
+share the rollouts and the update is the engine's (:class:`~credo.engines.Engine`).
 
 Everything random in iteration ``it`` derives from ``(train.seed, it)`` through separate
 streams (task draw, policy sampling, mini-batch shuffles, the sampler's own choices), so
@@ -19,17 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from credo.credit import advantage_stats, compute_advantages
-from credo.data import RolloutForest
-from credo.engines import distributed as dp
-from credo.engines import fsdp
-from credo.rollout import RolloutResult, oracle_batch, split_oracle
-from credo.teachers.profiles import attach_profile_reference, needs_profiles
+from credo.credit import advantage_stats
+from credo.rollout import RolloutResult, split_oracle
+from credo.train.parts import IterationData
 from credo.train.run import Run
 from credo.train.state import TrainState
-from credo.train.update import UpdateContext, kl_reward_penalty_rows, policy_update
+from credo.train.update import policy_update
 
-__all__ = ["iteration_seed", "run_iteration"]
+__all__ = ["Clock", "iteration_seed", "run_iteration"]
 
 # the random streams of an iteration
 _TASKS, _SAMPLING, _SHUFFLE, _CHOICES = 0, 1, 2, 3
@@ -43,94 +43,83 @@ def iteration_seed(seed: int, iteration: int, stream: int) -> int:
 
 def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     """Run iteration ``it`` on ``state`` (updated in place) and return its metrics record."""
-    cfg = run.cfg
-    t0 = time.perf_counter()
+    seed, parts, clock = run.cfg.train.seed, state.parts, Clock()
     # 1. tasks: this iteration's distinct training tasks, from the task source
-    tasks = state.tasks.draw(it, iteration_seed(cfg.train.seed, it, _TASKS))
-    # 2. sampler → forest (SERO's oracle continuations ride on top of any sampler); with
-    # several processes each samples its share of the groups, gathered before credit
-    mine, offset = dp.shard(tasks)
-    rollout = run.rollouts(
-        state.policy,
-        mine,
-        generator=torch.Generator().manual_seed(
-            dp.rank_seed(iteration_seed(cfg.train.seed, it, _SAMPLING))
+    tasks = state.tasks.draw(it, iteration_seed(seed, it, _TASKS))
+    # 2. sampler → forest; with several processes each samples its share of the groups
+    rollout = state.engine.sample(
+        lambda mine, sampling, choices: run.rollouts(
+            state.policy,
+            mine,
+            generator=torch.Generator().manual_seed(sampling),
+            choice_seed=choices,
+            state=state.sampler_state,
         ),
-        choice_seed=dp.rank_seed(iteration_seed(cfg.train.seed, it, _CHOICES)),
-        state=state.sampler_state,
+        tasks,
+        iteration_seed(seed, it, _SAMPLING),
+        iteration_seed(seed, it, _CHOICES),
     )
-    rollout = dp.gather_rollouts(rollout, offset)
-    forest, oracle_rows = split_oracle(rollout.forest)  # oracle rows: no credit, no RL loss
-    trainer = state.trainer or state.policy  # FSDP: the sharded copy (credo.engines.fsdp)
-    update = UpdateContext(trainer, state.optimizer, cfg, state.reference, zero=state.zero)
-    if cfg.objective.kl_reward_coef > 0:  # KL to the reference as a cost in the reward
-        penalty = kl_reward_penalty_rows(
-            update, forest, beta=cfg.objective.kl_reward_coef, micro_rows=cfg.optim.micro_batch_rows
-        )
-        forest = forest.with_rewards(forest.reward - penalty)
-    t1 = time.perf_counter()
-    lesson = (
-        state.teaching.lesson(run.renderer, forest, rollout.episodes, state.policy.pad_id)
-        if state.teaching
-        else None
+    forest, _ = split_oracle(rollout.forest)  # SERO's oracle rows: no credit, no RL loss
+    data = IterationData(it, tasks, rollout, forest)
+    clock.lap("rollout")
+    # 3. rewards: each configured source changes the forest's rewards
+    for part in parts.reward:
+        part.reward(data)
+    clock.lap("reward")
+    # 4. credit; the groups' results feed the task source
+    data.advantages = state.advantages(data.forest)
+    data.metrics.update(
+        state.tasks.observe(tasks, rollout.episodes, iteration_seed(seed, it, _TASK_UPDATE))
     )
-    forest = lesson.reward(forest) if lesson else forest  # teacher reward routes
-    judged = state.judging.reward(forest, tasks, it) if state.judging else None  # SERPO
-    forest = judged.forest if judged else forest
-    # 3. credit
-    adv = compute_advantages(cfg.credit.estimator, forest, cfg.credit.params, state.estimator_state)
-    task_metrics = state.tasks.observe(  # the groups' results feed the task source
-        tasks, rollout.episodes, iteration_seed(cfg.train.seed, it, _TASK_UPDATE)
-    )
-    # 4. objective → optimizer step
-    oracle = (
-        oracle_batch(rollout.forest, pad_id=state.policy.pad_id) if oracle_rows.numel() else None
-    )
-    shuffle = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it, _SHUFFLE))
-    batch = forest.to_batch(adv, pad_id=state.policy.pad_id)
-    rapo = (  # RAPO: the reference scored with and without the tasks' profiles
-        attach_profile_reference(state.reference, run.renderer, forest, batch)
-        if needs_profiles(cfg) and state.reference is not None
-        else {}
-    )
-    if lesson:  # teacher token routes: advantages, or scores for the loss
-        lesson.attach(batch)
-    update_metrics = policy_update(update, batch, iteration=it, generator=shuffle, oracle=oracle)
-    if state.trainer is not None:  # FSDP: the sampling copy gets the new weights, whole
-        fsdp.copy_full_weights(state.trainer, state.policy)
-    if state.teaching:
-        state.teaching.after_update(state.policy)
+    # 5. the token batch, and the configured transforms of it
+    data.batch = data.forest.to_batch(data.advantages, pad_id=state.policy.pad_id)
+    for part in parts.transform:
+        part.transform(data)
+    # 6. update, then what follows the new weights
+    shuffle = torch.Generator().manual_seed(iteration_seed(seed, it, _SHUFFLE))
+    data.metrics.update(policy_update(state.update, data.batch, iteration=it, generator=shuffle))
+    for part in parts.after_update:
+        part.after_update(data)
     run.weights_updated()
-    t2 = time.perf_counter()
-    # 5. metrics (and the periodic held-out evaluation)
+    clock.lap("update")
+    # 7. metrics (and what reports after the timed part: the periodic evaluation)
     state.iteration, state.env_steps_total = it + 1, state.env_steps_total + rollout.env_steps
-    record = iteration_metrics(it, rollout, forest, adv, state.env_steps_total, (t0, t1, t2))
-    record.update(update_metrics | (lesson.metrics if lesson else {}))
-    record.update(task_metrics)
-    record.update(rapo | (judged.metrics if judged else {}))
-    if cfg.eval.every and state.iteration % cfg.eval.every == 0 and dp.is_main():
-        ev = run.evaluate(state.policy, episodes=cfg.eval.periodic_episodes)
-        record["eval/success_rate"] = ev.success_rate
-    return record
+    for part in parts.report:
+        part.report(data)
+    return iteration_metrics(data, state.env_steps_total, clock) | data.metrics
 
 
-def iteration_metrics(
-    it: int,
-    rollout: RolloutResult,
-    forest: RolloutForest,
-    adv: torch.Tensor,
-    env_steps_total: int,
-    times: tuple[float, float, float],
-) -> dict[str, Any]:
+class Clock:
+    """The iteration's laps: seconds since the previous lap (or the start), by name."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name], self.last = now - self.last, now
+
+    @property
+    def total(self) -> float:
+        """Seconds from the start to the last lap."""
+        return self.last - self.start
+
+
+def iteration_metrics(data: IterationData, env_steps_total: int, clock: Clock) -> dict[str, Any]:
     """The iteration's rollout, credit and timing metrics (``docs/metrics.md`` explains
-    each); ``forest`` is the RL forest (oracle rows left out), ``times`` the clock at the
-    start, after the rollouts and after the update."""
-    t0, t1, t2 = times
+    each); ``data.forest`` is the RL forest (oracle rows left out), ``clock`` has the laps
+    ``rollout`` (sampling), ``reward`` (the reward sources) and ``update`` (credit, the
+    batch transforms, the update and what follows it)."""
+    rollout: RolloutResult = data.rollout
+    forest, adv = data.forest, data.advantages
+    assert adv is not None
     eps = rollout.episodes
     n = max(1, len(eps))
     rows = max(1, forest.num_rows)
+    sampling = clock.laps["rollout"]
     return {
-        "iteration": it,
+        "iteration": data.it,
         "rollout/success_rate": sum(e.success for e in eps) / n,
         "rollout/return_mean": sum(e.ret for e in eps) / n,
         "rollout/episode_len": sum(len(e) for e in eps) / n,
@@ -144,10 +133,11 @@ def iteration_metrics(
         "credit/adv_abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
         "credit/zero_adv_frac": float((adv.abs() < 1e-8).float().mean()) if adv.numel() else 0.0,
         **advantage_stats(adv),
-        "time/rollout_s": t1 - t0,
-        "time/update_s": t2 - t1,
-        "time/iteration_s": t2 - t0,
-        "perf/env_steps_per_s": rollout.env_steps / max(1e-9, t1 - t0),
-        "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, t1 - t0),
+        "time/rollout_s": sampling,
+        "time/reward_s": clock.laps["reward"],
+        "time/update_s": clock.laps["update"],
+        "time/iteration_s": clock.total,
+        "perf/env_steps_per_s": rollout.env_steps / max(1e-9, sampling),
+        "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, sampling),
         **{k: float(v) for k, v in sorted(rollout.stats.items())},
     }

@@ -35,12 +35,12 @@ from credo.engines import distributed as dp
 from credo.engines import fsdp
 from credo.eval.evaluate import EvalResult
 from credo.rollout.envguard import EnvErrorLog, EnvFailure, env_guard
-from credo.teachers.teaching import check_teacher_inputs
 from credo.train.checkpoint import clean_partial, latest_checkpoint, restore_rng, rng_snapshot
 from credo.train.config import Config
 from credo.train.health import HealthMonitor
 from credo.train.iteration import run_iteration
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
+from credo.train.parts import check_parts
 from credo.train.progress import Progress, StopOnInterrupt, interrupt_on_term
 from credo.train.run import Run, build_run
 from credo.train.state import TrainState
@@ -113,7 +113,7 @@ def train(
             if resume:  # the folder exists: lock it before any work
                 lock = dp.main_first(lambda: _lock(run_dir, progress) if main else None)
             run = build_run(cfg, policy_path=policy_path)
-            check_teacher_inputs(cfg.teacher, run.policy)  # a bad teacher stops before any folder
+            check_parts(cfg, run)  # e.g. a bad teacher folder stops before any run folder
             if dp.sharded():  # accelerate's FSDP/DeepSpeed: what they cannot train stops here
                 fsdp.check_config(cfg, dp.sharding_name())
             if not resume:  # a wrong env or model has stopped before any folder exists

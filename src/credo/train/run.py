@@ -40,8 +40,8 @@ from credo.rollout import (
 from credo.rollout.envcheck import check_round_trip, collect_words, preflight
 from credo.rollout.ray_envs import EnvPool
 from credo.rollout.render import Renderer, make_renderer, oracle_examples, plain_words
-from credo.teachers.profiles import rollout_texts
 from credo.train.config import Config
+from credo.train.parts.base import rollout_texts
 from credo.utils.threads import auto_threads
 
 __all__ = [
@@ -134,7 +134,7 @@ class Run:
             invalid_penalty=r.invalid_penalty,
             on_divergence=r.on_restore_divergence,
             keep_snapshots=r.oracle_horizon > 0,
-            texts=rollout_texts(self.cfg),  # teacher texts, RAPO's goal and profile
+            texts=rollout_texts(self.cfg),  # the parts' (a teacher's, RAPO's goal and profile)
         )
 
     def rollout_env_factory(self) -> Callable[[], Any]:

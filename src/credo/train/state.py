@@ -1,40 +1,42 @@
 """The training state: everything an iteration changes, started, saved and resumed as one.
 
 :class:`TrainState` holds the policy being trained, its optimizer, the frozen reference
-(when a KL term, SERO's reference weights or Rényi OPSD need one), the estimator's state
-(ProAS's progress graph), the sampler's state (the tree sampler's allocator), the
-teachers (:class:`~credo.teachers.teaching.Teaching`: an EMA teacher's weights and the
-context cache are checkpointed), the iterations done and the env steps taken.
-:meth:`TrainState.start` builds it for a fresh run or restores
-it from a run's latest checkpoint; :meth:`TrainState.save` writes a checkpoint.
+(when the loss or a configured part needs one: :func:`credo.train.parts.run_needs`), the
+estimator's state (ProAS's progress graph), the sampler's state (the tree sampler's
+allocator), the task source, the engine (:class:`~credo.engines.Engine`: a sharded trainer
+or DeepSpeed around the optimizer), the run's parts (:mod:`credo.train.parts`: an EMA
+teacher's weights, the context cache, SERPO's rubric are checkpointed with their part),
+the update's context, the iterations done and the env steps taken.
+:meth:`TrainState.start` builds it for a fresh run or restores it from a run's latest
+checkpoint; :meth:`TrainState.save` writes a checkpoint.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from credo.credit import estimator_state_factory
+from credo.credit import compute_advantages, estimator_state_factory
+from credo.data import RolloutForest
+from credo.engines import Engine, fsdp, zero
 from credo.engines import distributed as dp
-from credo.engines import fsdp, zero
 from credo.engines.zero import Zero
 from credo.envs.base import Task
-from credo.objectives import loss_needs
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import shared_reference, trainable_parameters
 from credo.policy.tiny import is_tiny
 from credo.rollout import SamplerContext, sample_groups
 from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
-from credo.teachers.judging import Judging
-from credo.teachers.teaching import Teaching
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
+from credo.train.parts import PartContext, Parts, build_parts, run_needs
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
+from credo.train.update import UpdateContext, UpdateSettings
 
 __all__ = ["TrainState", "seed_estimator_state"]
 
@@ -44,21 +46,21 @@ class TrainState:
     """What training changes (see the module docstring).
 
     Attributes:
-        policy: the policy being trained.
-        optimizer: AdamW over its trainable parameters.
+        policy: the policy being trained (under FSDP the full sampling copy).
+        optimizer: AdamW over the trainer's trainable parameters.
         reference: the frozen reference policy, or ``None`` when nothing needs one.
+        estimator: the advantage estimator (``credit.estimator``) and
+            :attr:`estimator_params` its knobs.
         estimator_state: a stateful estimator's state, or ``None``.
         sampler_state: a stateful sampler's state, or ``None``.
-        teaching: the run's teachers (``teacher`` section), or ``None``.
-        judging: the run's judge and rubric (``judge`` section, SERPO), or ``None``.
+        tasks: the task source (``tasks.source``; RODS's buffer is state too).
+        engine: how the processes share the work (:class:`~credo.engines.Engine`: FSDP's
+            sharded trainer, DeepSpeed's ZeRO engine, or neither).
+        parts: the run's parts, built once (:mod:`credo.train.parts`).
+        update: the update's context: the trainer, the optimizer, the update's settings,
+            the reference, the engine and the parts (:mod:`credo.train.update`).
         iteration: iterations completed.
         env_steps_total: env steps taken by all iterations so far.
-        tasks: the task source (``tasks.source``; RODS's buffer is state too).
-        trainer: with an accelerate FSDP config, the sharded copy of ``policy`` that the
-            optimizer updates (``policy`` is then the full sampling copy, refreshed after
-            every update: :mod:`credo.engines.fsdp`); ``None`` otherwise.
-        zero: with an accelerate DeepSpeed config, the ZeRO-1/2 engine around
-            ``optimizer`` (:mod:`credo.engines.zero`); ``None`` otherwise.
     """
 
     policy: HFPolicy
@@ -66,13 +68,14 @@ class TrainState:
     reference: HFPolicy | None
     estimator_state: Any
     sampler_state: Any
-    teaching: Teaching | None = None
+    tasks: TaskSource
+    engine: Engine
+    parts: Parts
+    update: UpdateContext
+    estimator: str = "grpo"
+    estimator_params: dict[str, Any] = field(default_factory=dict)
     iteration: int = 0
     env_steps_total: int = 0
-    tasks: TaskSource | None = None
-    judging: Judging | None = None
-    trainer: HFPolicy | None = None
-    zero: Zero | None = None
 
     @classmethod
     def start(
@@ -90,7 +93,7 @@ class TrainState:
         lora = cfg.model.lora is not None
         policy = add_adapters(cfg, policy)
         reference: HFPolicy | None = None
-        needs_reference = _needs_reference(cfg)
+        needs_reference = "reference" in run_needs(cfg)
         if needs_reference and lora:
             reference = shared_reference(policy)
         elif needs_reference:
@@ -106,44 +109,42 @@ class TrainState:
             policy.load_weights(checkpoint / "policy")
             if reference is not None and not lora:
                 reference.load_weights(run_dir / "reference")
-        trainer = None
+        engine = Engine()
         if dp.sharded():
             fsdp.check_config(cfg, dp.sharding_name())
         if dp.sharded() and fsdp.requested():  # the optimizer updates a sharded copy
-            trainer = fsdp.shard_policy(policy, fsdp.settings())
+            engine.trainer = fsdp.shard_policy(policy, fsdp.settings())
+        trainer = engine.trainer or policy
         optimizer = torch.optim.AdamW(
-            trainable_parameters((trainer or policy).model),
+            trainable_parameters(trainer.model),
             lr=cfg.optim.lr,
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
         )
-        reference_head = "reference_head" in loss_needs(cfg.objective.loss)
-        teaching = Teaching.build(cfg.teacher, policy, reference, reference_head=reference_head)
-        state = cls(
-            policy, optimizer, reference, est_state, smp_state, teaching, tasks=_task_source(run)
-        )
-        state.judging = Judging.from_run(cfg, run.make_env, run_dir, policy.device)  # SERPO
-        state.trainer = trainer
+        tasks = _task_source(run)
+        parts = build_parts(PartContext(cfg, run, policy, reference, engine, run_dir))
         if dp.sharded() and zero.requested():  # DeepSpeed ZeRO-1/2 around the AdamW
-            state.zero = Zero(policy.model, optimizer, cfg, zero.stage())
+            engine.zero = Zero(policy.model, optimizer, cfg, zero.stage())
+        update = UpdateContext(
+            trainer, optimizer, UpdateSettings.from_config(cfg), reference, engine, parts.update
+        )
+        state = cls(
+            policy, optimizer, reference, est_state, smp_state, tasks, engine, parts, update
+        )
+        state.estimator, state.estimator_params = cfg.credit.estimator, dict(cfg.credit.params)
         if checkpoint is not None:
-            view: Any = optimizer  # full (1-process) state in the files, in every mode
-            if trainer is not None:
-                view = fsdp.FullStateOptimizer(optimizer)
-            elif state.zero is not None:
-                view = state.zero
-            saved = load_checkpoint(checkpoint, view)
+            saved = load_checkpoint(checkpoint, engine.loaded_optimizer(optimizer))
             state.iteration, state.env_steps_total = saved["iteration"], saved["env_steps_total"]
             for obj, key in (
                 (est_state, "estimator_state"),
                 (smp_state, "sampler_state"),
                 (state.tasks, "task_source"),
-                (state.judging, "judge_state"),
             ):
                 if obj is not None and saved.get(key) is not None:
                     obj.load_state_dict(saved[key])
-            if teaching is not None:
-                teaching.load(checkpoint, saved.get("teacher_state"))
+            for part in parts.all.values():
+                key = part.checkpoint_key
+                part.load(checkpoint, saved.get(key) if key is not None else None)
             return state
         if reference is not None and not lora and dp.is_main():
             reference.save(run_dir / "reference")
@@ -151,17 +152,21 @@ class TrainState:
             seed_estimator_state(run, est_state)
         return state
 
+    def advantages(self, forest: RolloutForest) -> torch.Tensor:
+        """``[N]`` the estimator's advantages of ``forest``'s rows (a stateful estimator's
+        state learns from it)."""
+        return compute_advantages(
+            self.estimator, forest, self.estimator_params, self.estimator_state
+        )
+
     def save(self, run_dir: Path, keep: int) -> Path | None:
         """Write checkpoint ``step_<iteration>`` (keeping the ``keep`` newest) on rank 0;
-        every rank calls it (a sharded trainer's optimizer state is gathered first), the
-        others get ``None``."""
-        optimizer: Any = self.optimizer
-        if self.trainer is not None:  # a collective: full AdamW moments, one file set
-            optimizer = fsdp.gathered_optimizer(self.optimizer)
-        elif self.zero is not None:  # the same for DeepSpeed's fragments
-            optimizer = self.zero.gathered()
+        every rank calls it (a sharded optimizer's state is gathered first), the others
+        get ``None``."""
+        optimizer = self.engine.saved_optimizer(self.optimizer)  # a collective when sharded
         if not dp.is_main():
             return None
+        parts = self.parts.all.values()
         return save_checkpoint(
             run_dir,
             self.iteration,
@@ -171,12 +176,11 @@ class TrainState:
                 "env_steps_total": self.env_steps_total,
                 "estimator_state": _state_dict(self.estimator_state),
                 "sampler_state": _state_dict(self.sampler_state),
-                **({"teacher_state": self.teaching.state_dict()} if self.teaching else {}),
                 "task_source": _state_dict(self.tasks),
-                **({"judge_state": self.judging.state_dict()} if self.judging else {}),
+                **{p.checkpoint_key: p.state_dict() for p in parts if p.checkpoint_key},
             },
             keep=keep,
-            write_extra=self.teaching.write if self.teaching else None,
+            write_extra=lambda folder: [p.write(folder) for p in parts],
         )
 
 
@@ -189,16 +193,6 @@ def _task_source(run: Run) -> TaskSource:
 
 def _state_dict(obj: Any) -> Any:
     return obj.state_dict() if obj is not None else None
-
-
-def _needs_reference(cfg: Any) -> bool:
-    obj = cfg.objective
-    return (
-        obj.kl_coef > 0
-        or obj.kl_reward_coef > 0
-        or (cfg.rollout.oracle_horizon > 0 and obj.oracle_frozen == "reference")
-        or "reference" in loss_needs(obj.loss)  # Rényi OPSD's z_ref, RAPO's two scorings
-    )
 
 
 def seed_estimator_state(run: Run, state: Any) -> int:

@@ -5,14 +5,18 @@ micro-batches (gradient accumulation) gives the same gradient as one big batch.
 Mini-batches and micro-batches are cut at episode boundaries, so losses that look at a
 whole episode (sequence-level ratios, episode aggregation) always see all of it.
 
-SERO (``objective.oracle_coef`` = λ_O, :mod:`credo.objectives.sero`): the oracle rows come
-as a separate :class:`~credo.rollout.OracleBatch`, never mixed into the RL batch. Their
-reachability weights are computed once, before the first optimizer step, from the frozen
-policy (the policy as it is now, or the reference); the continuations are split into as
-many parts as there are mini-batches (in order, no RNG), and each optimizer step adds
-λ_O · L_O of its part to the RL loss before the gradient is clipped. With λ_O = 0 the
-term is computed for its metrics only (no gradient, in eval mode), so the parameters
-follow the base method's exactly.
+What the update knows itself: the loss registry (the configured policy loss, and the
+extras providers that feed it, :mod:`credo.objectives.extras`), the aggregation, the KL
+term to the reference and the entropy bonus, and its :class:`~credo.engines.Engine` (how
+the processes share the micro-batches and take the step). Everything else reaches it as
+an :class:`UpdatePart` of :attr:`UpdateContext.parts`, built once from the config by the
+run's parts (:mod:`credo.train.parts`): a part may prepare before the first step
+(:meth:`UpdatePart.prepare`), reweigh the policy-gradient term
+(:meth:`UpdatePart.weigh`), read each micro-batch's forward pass
+(:meth:`UpdatePart.micro_metrics`), add a term of its own to each mini-batch's gradient
+(:meth:`UpdatePart.step_term`: SERO's oracle rows), look at each step and stop the update
+(:meth:`UpdatePart.after_step`: the trust region) and report at the end
+(:meth:`UpdatePart.finish`).
 
 With ``optim.skip_zero_advantage``, the episodes whose advantages are all exactly 0 are
 left out of the π_old scoring and of the forward and backward passes. Under an
@@ -25,57 +29,211 @@ momentum even then.
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
-from credo.data import RolloutForest, TokenBatch
-from credo.engines import distributed as dp
-from credo.engines import fsdp
-from credo.engines.zero import Zero
+from credo.data import TokenBatch
+from credo.engines import Engine
 from credo.objectives import (
     LossInputs,
-    action_logprobs,
     aggregation_weights,
     entropy_bonus,
+    extra_token_ids,
     get_loss,
     kl_estimate,
     kl_loss,
-    reachability_log_weights,
-    sero_loss,
+    loss_extras,
 )
-from credo.objectives.health import EXTREMES, merge_extreme, ratio_extremes, sampler_kl
-from credo.objectives.kl import kl_reward_penalty
-from credo.objectives.klpo import sampler_extras, sampler_token_ids
-from credo.objectives.rapo import rapo_extras
-from credo.objectives.tis import logprob_mismatch, tis_clipped, tis_weights
 from credo.policy.hf import HFPolicy
 from credo.policy.lora import trainable_parameters
-from credo.rollout import OracleBatch
-from credo.teachers import teacher_extra_ids, teacher_loss_extras
-from credo.train.config import Config
 
-__all__ = ["UpdateContext", "kl_reward_penalty_rows", "policy_update", "score_batch"]
+__all__ = [
+    "ENGINE_LOGPROBS",
+    "MicroPass",
+    "UpdateContext",
+    "UpdatePart",
+    "UpdateSettings",
+    "micro_chunks",
+    "policy_update",
+    "score_batch",
+]
 
 #: ``TokenBatch.token_extras`` key of the sampler's (the engine's) log-probs.
 ENGINE_LOGPROBS = "engine_logprobs"
 
+#: How a metric merges over micro-batches, processes and steps when it is not a sum.
+Merge = Mapping[str, Callable[[float, float], float]]
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What the update reads of the config, resolved once (:meth:`from_config`)."""
+
+    loss: str
+    loss_params: Mapping[str, Any]
+    aggregation: str
+    aggregation_params: Mapping[str, Any]
+    kl_coef: float
+    kl_estimator: str
+    entropy_coef: float
+    temperature: float
+    epochs: int
+    minibatches: int
+    micro_batch_rows: int
+    micro_batch_tokens: int | None
+    grad_clip: float
+    recompute_old_logprobs: bool
+    skip_zero_advantage: bool
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> UpdateSettings:
+        """The settings of a run config (``objective``, ``optim``, the sampling
+        temperature)."""
+        obj, opt = cfg.objective, cfg.optim
+        return cls(
+            loss=obj.loss,
+            loss_params=dict(obj.params),
+            aggregation=obj.aggregation,
+            aggregation_params=dict(obj.aggregation_params),
+            kl_coef=obj.kl_coef,
+            kl_estimator=obj.kl_estimator,
+            entropy_coef=obj.entropy_coef,
+            temperature=cfg.rollout.temperature,
+            epochs=opt.epochs,
+            minibatches=opt.minibatches,
+            micro_batch_rows=opt.micro_batch_rows,
+            micro_batch_tokens=opt.micro_batch_tokens,
+            grad_clip=opt.grad_clip,
+            recompute_old_logprobs=opt.recompute_old_logprobs,
+            skip_zero_advantage=opt.skip_zero_advantage,
+        )
+
+    @property
+    def single_step(self) -> bool:
+        """One optimizer step per batch: π_old is the policy as it is now, so the step's
+        own forward pass (detached) gives exactly what a separate scoring pass would, for
+        free."""
+        return self.recompute_old_logprobs and self.epochs * self.minibatches == 1
+
+
+@dataclass
+class MicroPass:
+    """One micro-batch's forward pass as the update's parts see it (``[B, L]`` tensors on
+    the loss's device).
+
+    Attributes:
+        batch: the micro-batch.
+        logprobs: log π_θ of its tokens (with grad).
+        old: log π_old (the recomputed π_old, or the sampler's).
+        engine: the sampler's (the generation engine's) log-probs, or ``None``.
+        sampler: the sampler's log-probs as the update's caller recorded them, or ``None``.
+        weights: the aggregation weights (the KL and entropy terms use them).
+        pg_weights: the weights of the policy-gradient term (after :meth:`UpdatePart.weigh`).
+        mask: the loss tokens.
+        single_step: this pass is π_old too (:attr:`UpdateSettings.single_step`).
+    """
+
+    batch: TokenBatch
+    logprobs: torch.Tensor
+    old: torch.Tensor
+    engine: torch.Tensor | None
+    sampler: torch.Tensor | None
+    weights: torch.Tensor
+    pg_weights: torch.Tensor
+    mask: torch.Tensor
+    single_step: bool
+
+
+class UpdatePart:
+    """Something an update runs besides the loss (module docstring). Every method is a
+    no-op here; a part overrides those it needs. ``merge`` names the metrics it reports
+    that merge by their own function (a minimum, a maximum) instead of adding up."""
+
+    merge: ClassVar[Merge] = {}
+
+    def prepare(self, ctx: UpdateContext, batch: TokenBatch, keep: torch.Tensor) -> None:
+        """Before the first step, after π_old and the reference are scored (``keep``:
+        ``[B]`` bool, the rows the update scores)."""
+
+    def before_step(self, ctx: UpdateContext) -> None:
+        """Before each optimizer step."""
+
+    def weigh(self, mp: MicroPass, pg_weights: torch.Tensor) -> torch.Tensor:
+        """The policy-gradient term's weights of one micro-batch (``pg_weights`` as the
+        parts before this one left them)."""
+        return pg_weights
+
+    def micro_metrics(self, mp: MicroPass, metrics: dict[str, Any]) -> None:
+        """Add to one micro-batch's metrics (``Σ w·x`` sums, or ``merge``'s keys)."""
+
+    def step_term(
+        self, ctx: UpdateContext, index: int, parts: int, metrics: dict[str, float]
+    ) -> None:
+        """Add a term of its own to the gradient of mini-batch ``index`` of ``parts`` in
+        its epoch, before the gradients are reduced and clipped."""
+
+    def step_metrics(self, metrics: dict[str, float]) -> None:
+        """Read (or take out) one optimizer step's metrics before they are averaged."""
+
+    def after_step(
+        self, ctx: UpdateContext, mb: TokenBatch, sampler_lp: torch.Tensor, keep: torch.Tensor
+    ) -> bool:
+        """After each optimizer step on mini-batch ``mb``; returning ``True`` ends the
+        update (its remaining steps are not taken)."""
+        return False
+
+    def finish(self, ctx: UpdateContext, out: dict[str, float], steps: int) -> None:
+        """Add to the update's metrics (``steps``: the optimizer steps taken)."""
+
 
 @dataclass
 class UpdateContext:
-    """What an update needs besides the batch (``engine_diffs``: the per-token
-    ``log π_trainer − log π_engine`` of the rollouts, collected by the update; ``zero``:
-    the DeepSpeed ZeRO engine that back-propagates and steps, :mod:`credo.engines.zero`)."""
+    """What an update needs besides the batch.
+
+    Attributes:
+        policy: the policy the optimizer updates (under FSDP the sharded trainer).
+        optimizer: its optimizer.
+        settings: the update's settings (:class:`UpdateSettings`).
+        ref_policy: the frozen reference, when something needs one.
+        engine: how the processes share the work (:class:`~credo.engines.Engine`).
+        parts: the update's parts, in order (:class:`UpdatePart`).
+    """
 
     policy: HFPolicy
     optimizer: torch.optim.Optimizer
-    cfg: Config
+    settings: UpdateSettings
     ref_policy: HFPolicy | None = None
-    engine_diffs: list[torch.Tensor] = field(default_factory=list)
-    zero: Zero | None = None
+    engine: Engine = field(default_factory=Engine)
+    parts: list[UpdatePart] = field(default_factory=list)
+
+    def score_rows(
+        self, batch: TokenBatch, keep: torch.Tensor, policy: HFPolicy | None = None
+    ) -> torch.Tensor:
+        """``[B, L]``: ``batch.old_logprobs`` with the ``keep`` rows scored by ``policy``
+        (default: the policy being trained)."""
+        s = self.settings
+        score = {
+            "temperature": s.temperature,
+            "micro_rows": s.micro_batch_rows,
+            "micro_tokens": s.micro_batch_tokens,
+        }
+        if bool(keep.all()):
+            return score_batch(policy or self.policy, batch, **score)
+        rows = torch.nonzero(keep).flatten()
+        out = batch.old_logprobs.clone()
+        if rows.numel():
+            out[rows] = score_batch(policy or self.policy, batch.index(rows), **score)
+        return out
+
+    @property
+    def merge(self) -> dict[str, Callable[[float, float], float]]:
+        """The metrics that merge by their own function, of every part."""
+        return {k: f for part in self.parts for k, f in part.merge.items()}
 
 
 def _episode_chunks(episode: torch.Tensor, order: torch.Tensor, pieces: int) -> list[torch.Tensor]:
@@ -94,7 +252,7 @@ def _episode_chunks(episode: torch.Tensor, order: torch.Tensor, pieces: int) -> 
     return [order[a:b] for a, b in itertools.pairwise(edges) if b > a]
 
 
-def _micro_chunks(
+def micro_chunks(
     episode: torch.Tensor,
     rows: torch.Tensor,
     size: int,
@@ -152,7 +310,7 @@ def score_batch(
         lengths = batch.attention_mask.sum(1)
         chunks = [
             c
-            for c in _micro_chunks(
+            for c in micro_chunks(
                 torch.zeros(len(batch), dtype=torch.long),  # no episode constraint here
                 torch.arange(len(batch)),
                 micro_rows,
@@ -173,149 +331,53 @@ def score_batch(
     return out
 
 
-def oracle_log_weights(ctx: UpdateContext, oracle: OracleBatch) -> torch.Tensor:
-    """``[M]`` SERO log-weights of the oracle rows under the frozen policy (no grad)."""
-    obj = ctx.cfg.objective
-    frozen = ctx.ref_policy if obj.oracle_frozen == "reference" else ctx.policy
-    if frozen is None:
-        raise ValueError("objective.oracle_frozen=reference needs the reference policy")
-    was_training = frozen.model.training
-    frozen.model.eval()  # a frozen copy: no dropout, no RNG
-    try:
-        lp = score_batch(
-            frozen,
-            oracle.tokens,
-            temperature=ctx.cfg.rollout.temperature,
-            micro_rows=ctx.cfg.optim.micro_batch_rows,
-        )
-    finally:
-        frozen.model.train(was_training)
-    ell = action_logprobs(lp, oracle.tokens.response_mask, geomean=obj.oracle_weight == "geomean")
-    return reachability_log_weights(
-        ell,
-        oracle.chain,
-        oracle.position,
-        mode=obj.oracle_weight,
-        inclusive=obj.oracle_weight_inclusive,
-        min_weight=obj.oracle_weight_min,
-    )
-
-
-def _oracle_step(
-    ctx: UpdateContext,
-    oracle: OracleBatch,
-    log_w: torch.Tensor,
-    rows: torch.Tensor,
-    metrics: dict[str, float],
-) -> None:
-    """Add λ_O · L_O of the oracle ``rows`` to the gradients (metrics only when λ_O = 0)."""
-    cfg, policy = ctx.cfg, ctx.policy
-    coef = cfg.objective.oracle_coef
-    if rows.numel() == 0:
-        return
-    num_chains = int(torch.unique(oracle.chain[rows]).numel())
-    was_training = policy.model.training
-    if coef == 0:
-        policy.model.eval()  # metrics only: no dropout, no RNG, no gradient
-    try:
-        for idx in dp.my_share(_micro_chunks(oracle.chain, rows, cfg.optim.micro_batch_rows)):
-            sub = oracle.tokens.index(idx).trim()
-            with torch.set_grad_enabled(coef > 0):
-                sc = policy.score(
-                    sub.input_ids, sub.attention_mask, temperature=cfg.rollout.temperature
-                )
-                loss, m = sero_loss(
-                    sc.logprobs,
-                    sub.response_mask.to(sc.logprobs.device),
-                    log_w[idx],
-                    num_chains=num_chains,
-                    num_rows=rows.numel(),
-                )
-            if coef > 0:
-                (coef * loss).backward()
-            for k, v in m.items():
-                metrics[k] += float(v)
-            metrics["loss/total"] += coef * float(loss.detach())
-    finally:
-        policy.model.train(was_training)
-
-
-@torch.no_grad()
-def kl_reward_penalty_rows(
-    ctx: UpdateContext, forest: RolloutForest, *, beta: float, micro_rows: int
-) -> torch.Tensor:
-    """``[N]`` per-row reward penalty ``β·Σ_tokens k(π, π_ref)`` of a forest's rows,
-    scored with the current policy (the sampler) and the frozen reference."""
-    if ctx.ref_policy is None:
-        raise RuntimeError("a KL reward penalty needs the reference policy")
-    batch = forest.to_batch(torch.zeros(forest.num_rows), pad_id=ctx.policy.pad_id)
-    t = ctx.cfg.rollout.temperature
-    lp = score_batch(ctx.policy, batch, temperature=t, micro_rows=micro_rows)
-    ref = score_batch(ctx.ref_policy, batch, temperature=t, micro_rows=micro_rows)
-    kl = kl_estimate(lp, ref, ctx.cfg.objective.kl_estimator)
-    penalty = kl_reward_penalty(kl, batch.response_mask, beta)
-    out = torch.zeros(forest.num_rows)
-    out[batch.row] = penalty
-    return out
-
-
 def policy_update(
     ctx: UpdateContext,
     batch: TokenBatch,
     *,
     iteration: int,
     generator: torch.Generator | None,
-    oracle: OracleBatch | None = None,
 ) -> dict[str, float]:
     """Run the configured number of epochs/mini-batches on ``batch``; return metrics.
 
     Metrics are averaged over the optimizer steps: the loss's own ``loss/...`` entries
     (as the loss computed them) and ``policy/...`` entries (weighted means over the loss
     tokens), plus ``loss/kl`` (when a reference is used), ``policy/entropy`` and
-    ``policy/grad_norm``; with ``oracle`` rows, SERO's ``loss/oracle``, ``oracle/nll``
-    and ``oracle/weight`` (see :mod:`credo.objectives.sero`).
+    ``policy/grad_norm``, and what the parts add (``docs/metrics.md``).
 
     Args:
-        ctx: policy, optimizer, config and reference.
+        ctx: policy, optimizer, settings, reference, engine and parts.
         batch: the RL token batch (policy rows).
         iteration: the training iteration (schedules).
         generator: RNG of the mini-batch shuffles.
-        oracle: SERO's oracle rows, or ``None``.
     """
-    opt_cfg = ctx.cfg.optim
+    s = ctx.settings
     # Row order grouped by episode (so that chunks can be cut at episode boundaries).
     batch = batch.index(
         torch.argsort(batch.episode * (batch.row.max() + 1 if len(batch) else 1) + batch.row)
     )
     ctx.policy.model.train()
     batch.token_extras[ENGINE_LOGPROBS] = batch.old_logprobs  # the sampler's, kept for TIS
-    ctx.engine_diffs.clear()
     sampler_lp = batch.old_logprobs  # the sampler's (kept: _prepare may rescore π_old)
     keep = (
-        _carrying_rows(batch)
-        if opt_cfg.skip_zero_advantage
-        else torch.ones(len(batch), dtype=torch.bool)
+        _carrying_rows(batch) if s.skip_zero_advantage else torch.ones(len(batch), dtype=torch.bool)
     )
     ref_lp = _prepare(ctx, batch, keep)
-    if not _single_step(ctx):  # π_old scored by _prepare (else by the loss's own forward)
-        trainer_lp = batch.old_logprobs
-        if not opt_cfg.recompute_old_logprobs:
-            trainer_lp = _score_rows(ctx, batch, keep)
-        scored = batch.loss_mask & keep[:, None]
-        ctx.engine_diffs.append((trainer_lp - batch.token_extras[ENGINE_LOGPROBS])[scored])
-    oracle_w = oracle_log_weights(ctx, oracle) if oracle is not None else None
+    for part in ctx.parts:
+        part.prepare(ctx, batch, keep)
+    merge = ctx.merge
     totals: dict[str, float] = defaultdict(float)
-    steps, kl_steps = 0, []
-    guard: dict[str, float] = {}
+    steps = 0
     # every epoch's shuffle drawn first, in order: the generator sees the same calls
     plan = []  # (the mini-batch's rows, its index in its epoch, mini-batches in the epoch)
-    for _ in range(opt_cfg.epochs):
+    for _ in range(s.epochs):
         chunks = _episode_chunks(
-            batch.episode, _shuffled_rows(batch.episode, generator), opt_cfg.minibatches
+            batch.episode, _shuffled_rows(batch.episode, generator), s.minibatches
         )
         plan += [(rows, i, len(chunks)) for i, rows in enumerate(chunks)]
     for mb_rows, mb_index, parts in plan:
-        before = _snapshot(ctx) if opt_cfg.max_kl is not None else None
+        for part in ctx.parts:
+            part.before_step(ctx)
         mb = batch.index(mb_rows)
         metrics = _minibatch_step(
             ctx,
@@ -323,83 +385,35 @@ def policy_update(
             None if ref_lp is None else ref_lp[mb_rows],
             iteration,
             keep[mb_rows],
-            oracle_part=None if oracle is None else (oracle, oracle_w, mb_index, parts),
+            (mb_index, parts),
+            merge,
             sampler_lp=sampler_lp[mb_rows],
         )
-        kl_steps.append(metrics.pop("policy/kl_sampler", 0.0))
+        for part in ctx.parts:
+            part.step_metrics(metrics)
         for k, v in metrics.items():
-            if k in EXTREMES:
-                merge_extreme(totals, k, v)
-            else:
-                totals[k] += v
+            _add(totals, k, v, merge)
         steps += 1
-        if before is not None:  # the trust-region guard: undo a step that moved too far
-            guard["policy/kl_after_step"] = kl = _kl_after_step(
-                ctx, mb, sampler_lp[mb_rows], keep[mb_rows]
-            )
-            if kl > opt_cfg.max_kl:
-                _restore(ctx, before)
-                guard["policy/steps_undone"] = 1.0
-                break
-    out = {k: v if k in EXTREMES else v / max(1, steps) for k, v in totals.items()}
-    if kl_steps:  # KL to the sampler at the first optimizer step and at the last one
-        out["policy/kl_sampler_first"], out["policy/kl_sampler_last"] = kl_steps[0], kl_steps[-1]
-    if opt_cfg.max_kl is not None:
-        kept = steps - int(guard.get("policy/steps_undone", 0.0))
-        out |= {"policy/steps_undone": 0.0, **guard, "policy/steps_kept": float(kept)}
-    if opt_cfg.skip_zero_advantage:
+        stop = False
+        for part in ctx.parts:
+            stop = part.after_step(ctx, mb, sampler_lp[mb_rows], keep[mb_rows]) or stop
+        if stop:
+            break
+    out = {k: v if k in merge else v / max(1, steps) for k, v in totals.items()}
+    if s.skip_zero_advantage:
         out["policy/skipped_rows"] = 1.0 - float(keep.float().mean()) if len(batch) else 0.0
-    if "policy/ratio_mean" in out:  # pooled over the steps' loss tokens
-        var = out.get("policy/ratio_sq_mean", 0.0) - out["policy/ratio_mean"] ** 2
-        out["policy/ratio_std"] = max(0.0, var) ** 0.5
-    diffs = [d.detach().float().cpu() for d in ctx.engine_diffs]  # sampler/trainer mismatch
-    return out | logprob_mismatch(torch.cat(diffs) if diffs else torch.zeros(0))
+    for part in ctx.parts:
+        part.finish(ctx, out, steps)
+    return out
 
 
-def _snapshot(ctx: UpdateContext) -> tuple[list[torch.Tensor], dict]:
-    """The trainable weights and the optimizer's state, copied (to undo one step)."""
-    weights = [p.detach().clone() for p in trainable_parameters(ctx.policy.model)]
-    return weights, copy.deepcopy(ctx.optimizer.state_dict())
-
-
-@torch.no_grad()
-def _restore(ctx: UpdateContext, snapshot: tuple[list[torch.Tensor], dict]) -> None:
-    weights, state = snapshot
-    for p, w in zip(trainable_parameters(ctx.policy.model), weights):
-        p.copy_(w)
-    ctx.optimizer.load_state_dict(state)
-
-
-def _kl_after_step(
-    ctx: UpdateContext, mb: TokenBatch, sampler_lp: torch.Tensor, keep: torch.Tensor
-) -> float:
-    """The KL between the sampler and π_θ per loss token (k3 as ``policy/kl_sampler_*``
-    reads it, :func:`~credo.objectives.health.sampler_kl`; token mean) on the ``keep``
-    rows of the mini-batch just stepped on, with the weights after the step (no grad). Every process
-    holds the whole batch and the same weights, so every rank finds the same value and
-    takes the same decision."""
-    rows = torch.nonzero(keep).flatten()
-    if rows.numel() == 0:
-        return 0.0
-    sub = mb.index(rows)
-    cfg = ctx.cfg
-    lp = score_batch(
-        ctx.policy,
-        sub,
-        temperature=cfg.rollout.temperature,
-        micro_rows=cfg.optim.micro_batch_rows,
-        micro_tokens=cfg.optim.micro_batch_tokens,
-    )
-    mask = sub.loss_mask
-    kl = sampler_kl(lp, sampler_lp[rows], mask.float(), mask)
-    return float(kl) / max(1.0, float(mask.sum()))
-
-
-def _single_step(ctx: UpdateContext) -> bool:
-    """One optimizer step per batch: π_old is the policy as it is now, so the step's own
-    forward pass (detached) gives exactly what a separate scoring pass would, for free."""
-    opt = ctx.cfg.optim
-    return opt.recompute_old_logprobs and opt.epochs * opt.minibatches == 1
+def _add(totals: dict[str, float], key: str, value: float, merge: Merge) -> None:
+    """Add ``value`` into ``totals[key]``, or merge it with the key's own function (the
+    first value is taken as it is)."""
+    if key not in merge:
+        totals[key] += value
+    else:
+        totals[key] = merge[key](totals[key], value) if key in totals else value
 
 
 def _carrying_rows(batch: TokenBatch) -> torch.Tensor:
@@ -410,35 +424,15 @@ def _carrying_rows(batch: TokenBatch) -> torch.Tensor:
     return torch.isin(batch.episode, batch.episode[carrying])
 
 
-def _score_rows(
-    ctx: UpdateContext, batch: TokenBatch, keep: torch.Tensor, policy: HFPolicy | None = None
-) -> torch.Tensor:
-    """``[B, L]``: ``batch.old_logprobs`` with the ``keep`` rows scored by ``policy``
-    (default: the policy being trained)."""
-    cfg = ctx.cfg
-    score = {
-        "temperature": cfg.rollout.temperature,
-        "micro_rows": cfg.optim.micro_batch_rows,
-        "micro_tokens": cfg.optim.micro_batch_tokens,
-    }
-    if bool(keep.all()):
-        return score_batch(policy or ctx.policy, batch, **score)
-    rows = torch.nonzero(keep).flatten()
-    out = batch.old_logprobs.clone()
-    if rows.numel():
-        out[rows] = score_batch(policy or ctx.policy, batch.index(rows), **score)
-    return out
-
-
 def _prepare(ctx: UpdateContext, batch: TokenBatch, keep: torch.Tensor) -> torch.Tensor | None:
     """Score π_old (when several steps share the batch and the config asks to recompute
     it; in place) and the reference (when a KL loss needs it; returned), before any
     optimizer step; only the ``keep`` rows, the others keep the sampler's numbers."""
-    cfg = ctx.cfg
-    if cfg.optim.recompute_old_logprobs and not _single_step(ctx):
-        batch.old_logprobs = _score_rows(ctx, batch, keep)
-    if ctx.ref_policy is not None and cfg.objective.kl_coef > 0:
-        return _score_rows(ctx, batch, keep, ctx.ref_policy)
+    s = ctx.settings
+    if s.recompute_old_logprobs and not s.single_step:
+        batch.old_logprobs = ctx.score_rows(batch, keep)
+    if ctx.ref_policy is not None and s.kl_coef > 0:
+        return ctx.score_rows(batch, keep, ctx.ref_policy)
     return None
 
 
@@ -459,92 +453,69 @@ def _minibatch_step(
     ref_lp: torch.Tensor | None,
     iteration: int,
     keep: torch.Tensor,
+    position: tuple[int, int],
+    merge: Merge,
     *,
-    oracle_part: tuple[OracleBatch, torch.Tensor, int, int] | None,
     sampler_lp: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """One optimizer step on mini-batch ``mb``: the aggregation weights of the whole
-    mini-batch, gradients accumulated over micro-batches of its ``keep`` rows (``[B]``
-    bool; at least one episode's, so that the step is taken) plus this mini-batch's share
-    of SERO's oracle rows, clipped, one step. Returns the step's metrics."""
-    cfg = ctx.cfg
-    obj = cfg.objective
+    """One optimizer step on mini-batch ``mb`` (``position``: its index and the
+    mini-batches of its epoch): the aggregation weights of the whole mini-batch,
+    gradients accumulated over micro-batches of its ``keep`` rows (``[B]`` bool; at least
+    one episode's, so that the step is taken) plus the parts' own terms, clipped, one
+    step. Returns the step's metrics."""
+    s, engine = ctx.settings, ctx.engine
     weights = aggregation_weights(
-        mb.loss_mask, obj.aggregation, episode=mb.episode, turn=mb.turn, **obj.aggregation_params
+        mb.loss_mask, s.aggregation, episode=mb.episode, turn=mb.turn, **s.aggregation_params
     )
     ctx.optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = defaultdict(float)
     lengths = mb.attention_mask.sum(1)
     if len(mb) and not keep.any():  # a zero gradient, but the step is still taken
         keep = mb.episode == mb.episode[0]
-    chunks = _micro_chunks(
-        mb.episode,
-        torch.nonzero(keep).flatten(),
-        cfg.optim.micro_batch_rows,
-        lengths,
-        cfg.optim.micro_batch_tokens,
+    chunks = micro_chunks(
+        mb.episode, torch.nonzero(keep).flatten(), s.micro_batch_rows, lengths, s.micro_batch_tokens
     )
-    mine = dp.my_share(chunks)  # with several processes: every N-th micro-batch
-    passes = len(mine) + dp.padding(len(chunks))  # sharded: as many on every rank
+    mine = engine.my_share(chunks)  # with several processes: every N-th micro-batch
+    passes = len(mine) + engine.padding(len(chunks))  # sharded: as many on every rank
     for i, idx in enumerate(mine):
         sub = mb.index(idx).trim()
         width = sub.input_ids.shape[1]
         ref = None if ref_lp is None else ref_lp[idx][:, :width]
         sampler = None if sampler_lp is None else sampler_lp[idx][:, :width]
         loss, m = _micro_loss(ctx, sub, weights[idx][:, :width], ref, iteration, sampler)
-        _backward(ctx, loss, last=i == passes - 1)
+        engine.backward(loss, last=i == passes - 1)
         for k, v in m.items():
-            if k in EXTREMES:
-                merge_extreme(metrics, k, float(v))
-            else:
-                metrics[k] += float(v)
+            _add(metrics, k, float(v), merge)
         metrics["loss/total"] += float(loss.detach())
     for i in range(len(mine), passes):  # zero-weight passes: as many as the other ranks
         idle = mb.index(chunks[0]).trim()
-        loss = fsdp.idle_loss(ctx.policy, idle.input_ids, idle.attention_mask)
-        _backward(ctx, loss, last=i == passes - 1)
-    if oracle_part is not None:  # this mini-batch's share of the continuations, in order
-        oracle, log_w, index, parts = oracle_part
-        part = oracle.chain * parts // max(1, oracle.num_chains)
-        _oracle_step(ctx, oracle, log_w, torch.nonzero(part == index).flatten(), metrics)
-    dp.reduce_gradients(trainable_parameters(ctx.policy.model))  # Σ over processes
-    metrics = dp.sum_metrics(metrics, merge=EXTREMES)
+        loss = engine.idle_loss(ctx.policy, idle.input_ids, idle.attention_mask)
+        engine.backward(loss, last=i == passes - 1)
+    for part in ctx.parts:  # terms of their own (SERO's oracle rows), in this step's share
+        part.step_term(ctx, *position, metrics)
+    params = trainable_parameters(ctx.policy.model)
+    engine.reduce_gradients(params)  # Σ over processes
+    metrics = engine.sum_metrics(metrics, merge=merge)
     # `policy/*` metrics are Σ w·x; divide by Σ w so that they read as weighted means
     # under every aggregation (the *-mean modes already have Σ w = 1).
     total_w = float((weights * mb.loss_mask)[keep].sum())
     for k in metrics:
-        if k.startswith("policy/") and k not in EXTREMES and total_w > 0:
+        if k.startswith("policy/") and k not in merge and total_w > 0:
             metrics[k] /= total_w
-    if ctx.zero is not None:  # DeepSpeed clips and steps (its norm: before clipping)
-        grad_norm = ctx.zero.step()
-        if not torch.isfinite(grad_norm):
+    grad_norm = engine.step(trainable_parameters(ctx.policy.model), ctx.optimizer, s.grad_clip)
+    if not torch.isfinite(grad_norm):
+        if engine.steps_regardless:
             raise FloatingPointError(
                 f"iteration {iteration}: the gradient norm is {float(grad_norm)}; DeepSpeed "
                 "has taken the step. Resume from the last checkpoint with a lower optim.lr"
             )
-        metrics["policy/grad_norm"] = float(grad_norm)
-        return metrics
-    grad_norm = fsdp.plain_norm(  # FSDP: the global norm, reduced over the shards
-        torch.nn.utils.clip_grad_norm_(trainable_parameters(ctx.policy.model), cfg.optim.grad_clip)
-    )
-    if not torch.isfinite(grad_norm):  # stepping would write NaN into every weight
         raise FloatingPointError(
             f"iteration {iteration}: the gradient norm is {float(grad_norm)} (loss "
             f"{metrics['loss/total']:.4g}); the optimizer step was not taken. Resume from the "
             "last checkpoint with a lower optim.lr, or check the rewards and advantages"
         )
-    ctx.optimizer.step()
     metrics["policy/grad_norm"] = float(grad_norm)
     return metrics
-
-
-def _backward(ctx: UpdateContext, loss: torch.Tensor, *, last: bool) -> None:
-    """Back-propagate one micro-batch (through DeepSpeed's engine under ZeRO; ``last``:
-    this rank's last pass of the mini-batch)."""
-    if ctx.zero is not None:
-        ctx.zero.backward(loss, last=last)
-    else:
-        loss.backward()
 
 
 def _micro_loss(
@@ -555,53 +526,46 @@ def _micro_loss(
     iteration: int,
     sampler_lp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss of one micro-batch, ready for ``backward``: the policy loss, plus the KL
-    term to the reference and the entropy bonus when configured; with ``sampler_lp``
-    (the sampler's log-probs), the health metrics of :mod:`credo.objectives.health`."""
-    cfg = ctx.cfg
-    obj = cfg.objective
-    sampler_ids = sampler_token_ids(sub.token_extras)  # KLPO's draws and top-K head
-    head_ids = teacher_extra_ids(sub.token_extras)  # a teacher's head (distillation)
-    sets = [x for x in (sampler_ids, head_ids) if x is not None]
+    """The loss of one micro-batch, ready for ``backward``: the policy loss (with the
+    extras its providers give, :mod:`credo.objectives.extras`), plus the KL term to the
+    reference and the entropy bonus when configured; the parts reweigh its
+    policy-gradient term and add their metrics."""
+    s = ctx.settings
+    ids, sizes = extra_token_ids(sub.token_extras)  # e.g. KLPO's draws, a teacher's head
     sc = ctx.policy.score(
         sub.input_ids,
         sub.attention_mask,
-        temperature=cfg.rollout.temperature,
+        temperature=s.temperature,
         entropy=True,
-        entropy_grad=obj.entropy_coef > 0,
-        extra_ids=torch.cat(sets, -1) if len(sets) > 1 else (sets[0] if sets else None),
+        entropy_grad=s.entropy_coef > 0,
+        extra_ids=ids,
         scored=sub.response_mask,
     )
     dev = sc.logprobs.device
     mask = sub.loss_mask.to(dev)
-    n_sampler = 0 if sampler_ids is None else sampler_ids.shape[-1]
-    extra_lp = sc.extra_logprobs
-    extras = sampler_extras(
-        None if extra_lp is None or sampler_ids is None else extra_lp[..., :n_sampler],
-        sub.token_extras,
-    )
-    extras.update(
-        teacher_loss_extras(
-            sub.token_extras,
-            None if extra_lp is None or head_ids is None else extra_lp[..., n_sampler:],
-            device=dev,
-        )
-    )
-    old = sc.logprobs.detach() if _single_step(ctx) else sub.old_logprobs.to(dev)
+    extras = loss_extras(sub.token_extras, sc.extra_logprobs, sizes, device=dev)
+    old = sc.logprobs.detach() if s.single_step else sub.old_logprobs.to(dev)
     engine_lp = sub.token_extras.get(ENGINE_LOGPROBS)  # set by policy_update
-    engine_lp = None if engine_lp is None else engine_lp.to(dev)
-    if engine_lp is not None and _single_step(ctx):  # this pass is π_old: mismatch for free
-        ctx.engine_diffs.append((old - engine_lp)[mask].detach())
-    pg_weights = weights.to(dev)
-    if obj.tis_cap is not None and engine_lp is not None:  # truncated IS on the PG term
-        pg_weights = pg_weights * tis_weights(old, engine_lp, obj.tis_cap)
-    extras.update(rapo_extras(sub.token_extras, device=dev))  # RAPO's two reference scorings
+    w = weights.to(dev)  # the KL and entropy terms keep the plain aggregation weights
+    mp = MicroPass(
+        batch=sub,
+        logprobs=sc.logprobs,
+        old=old,
+        engine=None if engine_lp is None else engine_lp.to(dev),
+        sampler=None if sampler_lp is None else sampler_lp.to(dev),
+        weights=w,
+        pg_weights=w,
+        mask=mask,
+        single_step=s.single_step,
+    )
+    for part in ctx.parts:  # e.g. truncated importance sampling
+        mp.pg_weights = part.weigh(mp, mp.pg_weights)
     inputs = LossInputs(
         logprobs=sc.logprobs,
         old_logprobs=old,
         advantages=sub.advantages.to(dev),
         mask=mask,
-        weights=pg_weights,
+        weights=mp.pg_weights,
         episode=sub.episode,
         turn=sub.turn,
         ref_logprobs=ref_lp,
@@ -609,22 +573,15 @@ def _micro_loss(
         step=iteration,
         extras=extras,
     )
-    loss, metrics = get_loss(obj.loss)(inputs, **obj.params)
-    w = weights.to(dev)  # the KL and entropy terms keep the plain aggregation weights
-    if obj.tis_cap is not None and engine_lp is not None:  # Σ w·x: weighted means
-        metrics["policy/tis_weight"] = (pg_weights * mask).sum()
-        clipped = tis_clipped(old, engine_lp, obj.tis_cap)
-        metrics["policy/tis_clip_frac"] = (w * (mask & clipped)).sum()
-    if ref_lp is not None and obj.kl_coef > 0:
-        kl = kl_estimate(sc.logprobs, ref_lp.to(dev), obj.kl_estimator)
+    loss, metrics = get_loss(s.loss)(inputs, **s.loss_params)
+    if ref_lp is not None and s.kl_coef > 0:
+        kl = kl_estimate(sc.logprobs, ref_lp.to(dev), s.kl_estimator)
         kl_term = kl_loss(kl, w, mask, 1.0)
-        loss = loss + obj.kl_coef * kl_term
+        loss = loss + s.kl_coef * kl_term
         metrics["loss/kl"] = kl_term.detach()
-    if obj.entropy_coef > 0:
-        loss = loss - obj.entropy_coef * entropy_bonus(sc.entropy, w, mask)
+    if s.entropy_coef > 0:
+        loss = loss - s.entropy_coef * entropy_bonus(sc.entropy, w, mask)
     metrics.setdefault("policy/entropy", entropy_bonus(sc.entropy.detach(), w, mask))
-    if sampler_lp is not None:
-        metrics["policy/kl_sampler"] = sampler_kl(sc.logprobs, sampler_lp.to(dev), w, mask)
-    level = obj.params.get("ratio_level", "token")
-    metrics.update(ratio_extremes(sc.logprobs, inputs.old_logprobs, mask, sub.episode, level))
+    for part in ctx.parts:  # e.g. the health statistics, the sampler/trainer mismatch
+        part.micro_metrics(mp, metrics)
     return loss, metrics

@@ -50,6 +50,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
+    def registered(self) -> list[str]:
+        """The names in the order they registered (for registries whose order matters)."""
+        return list(self._items)
+
     def __contains__(self, name: object) -> bool:
         return name in self._items
 

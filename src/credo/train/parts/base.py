@@ -1,0 +1,313 @@
+"""The run's parts: what an iteration runs besides the sampler, credit and the loss.
+
+An iteration is one line (``docs/architecture.md``)::
+
+    tasks ─► sampler ─► forest ─► [rewards] ─► credit ─► [batch transforms] ─► update ─► [after-update] ─► metrics
+
+and each bracket is a list of **parts**, built once per run from the config. A part is a
+:class:`Part` that overrides the stages it takes part in:
+
+- :meth:`~Part.reward` changes the forest's rewards before credit (the KL reward
+  penalty, a teacher's reward route, SERPO's judge);
+- :meth:`~Part.transform` changes or extends the token batch before the update (SERO's
+  oracle rows, RAPO's reference, a teacher's token route);
+- :meth:`~Part.after_update` follows the new weights (the FSDP sampling copy, an EMA
+  teacher);
+- :meth:`~Part.report` adds to the iteration's record after it is timed (the periodic
+  held-out evaluation);
+- the update's own stages (:class:`~credo.train.update.UpdatePart`: the health
+  statistics, the sampler/trainer mismatch and truncated IS, SERO's oracle term, the
+  trust region).
+
+A part that keeps state saves it with the checkpoints (:attr:`Part.checkpoint_key`,
+:meth:`Part.state_dict`, :meth:`Part.write`, :meth:`Part.load`).
+
+A part registers with what it needs::
+
+    @register_part("name", when=lambda cfg: ..., needs={"reference"}, texts=..., check=...)
+    class Name(Part):
+        def __init__(self, ctx: PartContext) -> None: ...
+
+``when(cfg)`` says whether the config asks for it; ``needs`` (or ``needs(cfg)``) what the
+run must prepare for it (``"reference"``: the frozen reference); ``texts(cfg)`` the per-step
+texts the sampler must record for it; ``check(cfg, run)`` checks its inputs before any run
+folder exists (a teacher's folders against the student). The run asks the registry
+(:func:`run_needs`, :func:`rollout_texts`, :func:`check_parts`, :func:`build_parts`),
+never a part's name. Within each stage the parts run in the order they registered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from credo.data import RolloutForest, TokenBatch
+from credo.engines import Engine
+from credo.envs.base import Task
+from credo.objectives import loss_needs
+from credo.rollout import RolloutResult
+from credo.train.update import UpdateContext, UpdatePart, UpdateSettings
+from credo.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from credo.policy.hf import HFPolicy
+    from credo.train.run import Run
+
+__all__ = [
+    "PARTS",
+    "STAGES",
+    "IterationData",
+    "Part",
+    "PartContext",
+    "Parts",
+    "build_parts",
+    "check_parts",
+    "register_part",
+    "rollout_texts",
+    "run_needs",
+    "update_context",
+]
+
+#: The iteration's stages, in the order it runs them.
+STAGES = ("reward", "transform", "after_update", "report")
+
+
+@dataclass
+class IterationData:
+    """What one iteration's stages pass along; each stage reads and changes it.
+
+    Attributes:
+        it: the iteration.
+        tasks: its tasks (task ``g`` is group ``g``).
+        rollout: the sampler's result (its forest with SERO's oracle rows, if any).
+        forest: the RL rows (oracle rows split off); the reward parts change its rewards.
+        advantages: ``[N]`` per row, after credit.
+        batch: the token batch the update trains on, after credit.
+        metrics: what the parts report this iteration (added to its record).
+    """
+
+    it: int
+    tasks: list[Task]
+    rollout: RolloutResult
+    forest: RolloutForest
+    advantages: torch.Tensor | None = None
+    batch: TokenBatch | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class PartContext:
+    """What a part may use when it is built (once per run).
+
+    Attributes:
+        cfg: the run's config (a part reads its own sections).
+        run: the run's parts built by :func:`~credo.train.run.build_run` (renderer, env
+            factory, held-out evaluator).
+        policy: the policy being trained (the sampling copy under FSDP).
+        reference: the frozen reference, when :func:`run_needs` asked for one.
+        engine: how the processes share the work.
+        run_dir: the run folder (``None`` outside a run).
+    """
+
+    cfg: Any
+    run: Run
+    policy: HFPolicy
+    reference: HFPolicy | None
+    engine: Engine
+    run_dir: Path | None = None
+
+
+class Part(UpdatePart):
+    """A part of the run (module docstring). Every stage is a no-op here."""
+
+    #: The key of its JSON state in a checkpoint's ``state.json`` (``None``: it keeps none).
+    checkpoint_key: ClassVar[str | None] = None
+
+    def reward(self, data: IterationData) -> None:
+        """Change ``data.forest``'s rewards before credit assignment."""
+
+    def transform(self, data: IterationData) -> None:
+        """Change or extend ``data.batch`` before the update."""
+
+    def after_update(self, data: IterationData) -> None:
+        """Follow the weights the update just changed."""
+
+    def report(self, data: IterationData) -> None:
+        """Add to ``data.metrics`` after the iteration is timed."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its JSON state for a checkpoint (under :attr:`checkpoint_key`)."""
+        return {}
+
+    def write(self, folder: Path) -> None:
+        """Write files of its own into checkpoint ``folder``."""
+
+    def load(self, folder: Path, state: dict[str, Any] | None) -> None:
+        """Restore what :meth:`state_dict` and :meth:`write` saved in checkpoint ``folder``
+        (``state``: its JSON state, ``None`` when the checkpoint has none)."""
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """A registered part and what it declared (:func:`register_part`)."""
+
+    name: str
+    build: Callable[[PartContext], Part | None]
+    when: Callable[[Any], bool]
+    needs: Callable[[Any], Iterable[str]]
+    texts: Callable[[Any], Iterable[str]]
+    check: Callable[[Any, Run], None] | None = None
+
+    @property
+    def update_only(self) -> bool:
+        """A part class that takes part in the update's stages only (no iteration stage):
+        :func:`update_context` builds it without a run."""
+        cls = self.build
+        return isinstance(cls, type) and not any(_overrides(cls, m) for m in STAGES)
+
+
+PARTS: Registry[PartSpec] = Registry("part")
+
+
+def _always(cfg: Any) -> bool:
+    return True
+
+
+def _nothing(cfg: Any) -> tuple[str, ...]:
+    return ()
+
+
+def register_part(
+    name: str,
+    *,
+    when: Callable[[Any], bool] = _always,
+    needs: Iterable[str] | Callable[[Any], Iterable[str]] = (),
+    texts: Callable[[Any], Iterable[str]] = _nothing,
+    check: Callable[[Any, Run], None] | None = None,
+) -> Callable[[Callable[[PartContext], Part | None]], Callable[[PartContext], Part | None]]:
+    """Decorator: register a part class (or a function ``build(ctx) -> Part | None``).
+
+    Args:
+        name: the part's name (checkpoints and messages).
+        when: ``when(cfg)``: whether the config asks for it (default: always).
+        needs: what the run must prepare for it, or a function of the config giving it.
+        texts: ``texts(cfg)``: the per-step texts the sampler must record for it.
+        check: ``check(cfg, run)``: raise ``ValueError`` on bad inputs, before any run
+            folder exists.
+    """
+    need_fn = needs if callable(needs) else (lambda cfg, fixed=tuple(needs): fixed)
+
+    def deco(build: Callable[[PartContext], Part | None]) -> Callable[[PartContext], Part | None]:
+        PARTS.register(name)(PartSpec(name, build, when, need_fn, texts, check))
+        return build
+
+    return deco
+
+
+def _configured(cfg: Any) -> list[PartSpec]:
+    """The registered parts the config asks for, in registration order."""
+    return [spec for spec in (PARTS.get(n) for n in PARTS.registered()) if spec.when(cfg)]
+
+
+def run_needs(cfg: Any) -> set[str]:
+    """What the run must prepare: what the loss registered in ``needs``, what the
+    configured parts declared, and the reference a KL loss term reads
+    (``objective.kl_coef`` > 0)."""
+    needs = set(loss_needs(cfg.objective.loss))
+    for spec in _configured(cfg):
+        needs |= set(spec.needs(cfg))
+    if cfg.objective.kl_coef > 0:  # the update's own KL term
+        needs.add("reference")
+    return needs
+
+
+def check_parts(cfg: Any, run: Run) -> None:
+    """Run the configured parts' checks (before any run folder exists)."""
+    for spec in _configured(cfg):
+        if spec.check is not None:
+            spec.check(cfg, run)
+
+
+def rollout_texts(cfg: Any) -> tuple[str, ...]:
+    """The per-step texts the sampler must record (``SamplerContext.texts``) for the
+    configured parts, in their order, without repeats."""
+    names: list[str] = []
+    for spec in _configured(cfg):
+        names += [n for n in spec.texts(cfg) if n not in names]
+    return tuple(names)
+
+
+@dataclass
+class Parts:
+    """The run's parts, built once (:func:`build_parts`), and each stage's list."""
+
+    all: dict[str, Part]
+
+    def stage(self, name: str) -> list[Part]:
+        """The parts that take part in stage ``name`` (they override its method)."""
+        return [p for p in self.all.values() if _overrides(p, name)]
+
+    @property
+    def reward(self) -> list[Part]:
+        return self.stage("reward")
+
+    @property
+    def transform(self) -> list[Part]:
+        return self.stage("transform")
+
+    @property
+    def after_update(self) -> list[Part]:
+        return self.stage("after_update")
+
+    @property
+    def report(self) -> list[Part]:
+        return self.stage("report")
+
+    @property
+    def update(self) -> list[Part]:
+        """Every part: the update calls each of its stages on all of them."""
+        return list(self.all.values())
+
+    def get(self, name: str) -> Part | None:
+        return self.all.get(name)
+
+
+def _overrides(part: Part | type, method: str) -> bool:
+    cls = part if isinstance(part, type) else type(part)
+    return getattr(cls, method) is not getattr(Part, method)
+
+
+def build_parts(ctx: PartContext) -> Parts:
+    """Build the parts ``ctx.cfg`` asks for, in registration order (a build may still
+    return ``None``: e.g. the FSDP sampling copy without FSDP)."""
+    built = {spec.name: spec.build(ctx) for spec in _configured(ctx.cfg)}
+    return Parts({name: part for name, part in built.items() if part is not None})
+
+
+def update_context(
+    cfg: Any,
+    policy: HFPolicy,
+    optimizer: torch.optim.Optimizer,
+    reference: HFPolicy | None = None,
+    *,
+    engine: Engine | None = None,
+) -> UpdateContext:
+    """The update's context for ``cfg`` outside a run (tests, benchmarks, other
+    frameworks calling :func:`~credo.train.update.policy_update`): its settings and the
+    configured parts that take part in the update only (the health statistics, the
+    sampler/trainer mismatch and truncated IS, the trust region)."""
+    engine = engine if engine is not None else Engine()
+    ctx = PartContext(cfg, None, policy, reference, engine)  # type: ignore[arg-type]
+    parts = [spec.build(ctx) for spec in _configured(cfg) if spec.update_only]
+    return UpdateContext(
+        policy,
+        optimizer,
+        UpdateSettings.from_config(cfg),
+        reference,
+        engine,
+        [p for p in parts if p is not None],
+    )
