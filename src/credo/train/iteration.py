@@ -23,13 +23,14 @@ import numpy as np
 import torch
 
 from credo.credit import advantage_stats
+from credo.envs.base import Task
 from credo.rollout import RolloutResult, split_oracle
 from credo.train.parts import IterationData
 from credo.train.run import Run
 from credo.train.state import TrainState
 from credo.train.update import policy_update
 
-__all__ = ["Clock", "iteration_seed", "run_iteration"]
+__all__ = ["Clock", "iteration_seed", "run_iteration", "sample"]
 
 # the random streams of an iteration
 _TASKS, _SAMPLING, _SHUFFLE, _CHOICES = 0, 1, 2, 3
@@ -46,21 +47,9 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     seed, parts, clock = run.cfg.train.seed, state.parts, Clock()
     # 1. tasks: this iteration's distinct training tasks, from the task source
     tasks = state.tasks.draw(it, iteration_seed(seed, it, _TASKS))
-    # 2. sampler → forest; with several processes each samples its share of the groups
-    rollout = state.engine.sample(
-        lambda mine, sampling, choices: run.rollouts(
-            state.policy,
-            mine,
-            generator=torch.Generator().manual_seed(sampling),
-            choice_seed=choices,
-            state=state.sampler_state,
-        ),
-        tasks,
-        iteration_seed(seed, it, _SAMPLING),
-        iteration_seed(seed, it, _CHOICES),
-    )
-    forest, _ = split_oracle(rollout.forest)  # SERO's oracle rows: no credit, no RL loss
-    data = IterationData(it, tasks, rollout, forest)
+    # 2. sampler → forest (SERO's oracle rows split off: no credit, no RL loss)
+    rollout = sample(run, state, tasks, seed, it)
+    data = IterationData(it, tasks, rollout, split_oracle(rollout.forest)[0])
     clock.lap("rollout")
     # 3. rewards: each configured source changes the forest's rewards
     for part in parts.reward:
@@ -87,6 +76,24 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     for part in parts.report:
         part.report(data)
     return iteration_metrics(data, state.env_steps_total, clock) | data.metrics
+
+
+def sample(run: Run, state: TrainState, tasks: list[Task], seed: int, it: int) -> RolloutResult:
+    """Iteration ``it``'s rollouts of ``tasks`` with the run's sampler: with several
+    processes each samples its share of the groups from its own streams and the engine
+    gathers them (:meth:`~credo.engines.Engine.sample`)."""
+    return state.engine.sample(
+        lambda mine, sampling, choices: run.rollouts(
+            state.policy,
+            mine,
+            generator=torch.Generator().manual_seed(sampling),
+            choice_seed=choices,
+            state=state.sampler_state,
+        ),
+        tasks,
+        iteration_seed(seed, it, _SAMPLING),
+        iteration_seed(seed, it, _CHOICES),
+    )
 
 
 class Clock:
