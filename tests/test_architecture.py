@@ -144,3 +144,77 @@ def test_no_module_imports_itself_back() -> None:
 def _is_reexport(a: str, b: str) -> bool:
     """``a`` is a package whose ``__init__`` imports its own submodule ``b``."""
     return b.startswith(a + ".") and (SRC.parent / a.replace(".", "/") / "__init__.py").exists()
+
+
+#: Config fields that name a registered part (``objective.loss``, ``rollout.sampler``,
+#: ``teacher.route``, ...).
+PART_NAME_FIELDS = {
+    "aggregation",
+    "engine",
+    "estimator",
+    "kind",
+    "loss",
+    "proposer",
+    "route",
+    "sampler",
+    "sampler_in_use",
+    "sanitiser",
+    "source",
+}
+
+
+def _registered_names() -> set[str]:
+    """Every name a config can give a registered part (``grpo``, ``ppo``, ``tree``,
+    ``oprd``, ``ema``, ``rods``, ...)."""
+    import credo.agent  # noqa: F401  (registers the agent sampler)
+    from credo.credit import ESTIMATORS
+    from credo.envs.base import ENVS
+    from credo.objectives import AGGREGATIONS, LOSSES
+    from credo.policy.engine import ENGINES
+    from credo.rollout import SAMPLERS
+    from credo.tasks import TASK_SOURCES
+    from credo.teachers import PROPOSERS, ROUTES, SANITISERS, TEACHERS
+
+    registries = (ESTIMATORS, ENVS, AGGREGATIONS, LOSSES, ENGINES, SAMPLERS, TASK_SOURCES)
+    registries += (PROPOSERS, ROUTES, SANITISERS, TEACHERS)
+    return {name for registry in registries for name in registry.names()}
+
+
+def _literals(node: ast.expr) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [
+            e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        ]
+    return []
+
+
+def test_the_trainer_asks_registries_not_names() -> None:
+    """``credo.train`` never compares a config field that names a registered part, nor
+    anything, with a registered part's name: what a part needs it declares when it
+    registers (``register_loss(needs=)``, ``register_sampler(branches=)``,
+    ``register_route(to_loss=)``, ``register_part(when=, needs=)``), and the trainer asks
+    the registry."""
+    names = _registered_names()
+    found = []
+    for path in sorted((SRC / "train").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            literals = [s for side in sides for s in _literals(side)]
+            field = any(isinstance(s, ast.Attribute) and s.attr in PART_NAME_FIELDS for s in sides)
+            if literals and (field or set(literals) & names):
+                found.append(f"{path.relative_to(SRC.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
+
+
+def test_the_check_sees_a_comparison_of_a_part_name(tmp_path: Path) -> None:
+    """The check above is not vacuous: the comparisons it forbids are found."""
+    names = _registered_names()
+    assert {"grpo", "ppo", "tree", "oprd", "ema", "rods", "vllm", "agent"} <= names
+    tree = ast.parse('if cfg.rollout.sampler in ("tree", "resample"): pass\nx = y == "renyi_opsd"')
+    compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)]
+    assert [_literals(c.comparators[0]) for c in compares] == [["tree", "resample"], ["renyi_opsd"]]
+    assert isinstance(compares[0].left, ast.Attribute) and compares[0].left.attr in PART_NAME_FIELDS
