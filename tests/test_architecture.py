@@ -29,34 +29,26 @@ ALLOWED: dict[str, set[str]] = {
     "agent": {"envs", "eval", "policy", "rollout", "serve", "utils"},
     "train": {
         "agent",
-        "engines",
-        "critics",
-        "data",
-        "tasks",
-        "envs",
-        "policy",
-        "rollout",
         "credit",
-        "objectives",
-        "teachers",
-        "eval",
-        "serve",
-        "utils",
-    },
-    "commands": {
         "critics",
         "data",
+        "engines",
         "envs",
         "eval",
+        "objectives",
         "policy",
         "rollout",
-        "train",
+        "tasks",
+        "teachers",
         "utils",
     },
+    "commands": {"critics", "data", "envs", "eval", "policy", "rollout", "train", "utils"},
     "pipeline": {"commands", "data", "envs", "eval", "policy", "rollout", "train", "utils"},
-    "cli": {"commands", "train", "eval", "envs", "serve", "pipeline", "utils"},
+    "cli": {"commands", "envs", "eval", "pipeline", "serve", "train", "utils"},
     "__main__": {"cli"},  # python -m credo (torchrun, accelerate launch)
 }
+
+DOC = SRC.parents[1] / "docs" / "architecture.md"
 
 
 def _module_name(path: Path) -> str:
@@ -218,3 +210,24 @@ def test_the_check_sees_a_comparison_of_a_part_name(tmp_path: Path) -> None:
     compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)]
     assert [_literals(c.comparators[0]) for c in compares] == [["tree", "resample"], ["renyi_opsd"]]
     assert isinstance(compares[0].left, ast.Attribute) and compares[0].left.attr in PART_NAME_FIELDS
+
+
+def _documented() -> dict[str, set[str]]:
+    """The package table of ``docs/architecture.md``: package → the packages its
+    "imports" column names."""
+    rows: dict[str, set[str]] = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`credo."):
+            imports = {x.strip() for x in cells[2].split(",")} - {"—", ""}
+            rows[cells[0].strip("`").removeprefix("credo.")] = imports
+    return rows
+
+
+def test_every_package_is_in_the_architecture_doc_with_its_imports() -> None:
+    """``docs/architecture.md`` lists every package of ``src/credo`` (and ``cli``) with
+    exactly the imports :data:`ALLOWED` grants it."""
+    on_disk = {p.parent.name for p in SRC.glob("*/__init__.py")} | {"cli"}
+    documented = _documented()
+    assert set(documented) == on_disk
+    assert documented == {name: ALLOWED[name] for name in on_disk}
