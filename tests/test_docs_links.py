@@ -208,3 +208,60 @@ def test_every_registered_method_and_recipe_is_documented() -> None:
     }
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert not missing, f"docs/algorithms.md does not mention: {', '.join(missing)}"
+
+
+SRC = ROOT / "src"
+MODULE_REF = re.compile(r"(?<![\w.+])credo(?:\.[A-Za-z_]\w*)+(?![\w/])")
+PATH_REF = re.compile(r"\bsrc/credo/[\w/]+\.(?:py|yaml)\b")
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The file of module or package ``dotted`` under ``src``, or ``None``."""
+    base = SRC.joinpath(*dotted.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def unresolved_reference(ref: str) -> str | None:
+    """Why ``credo.a.b.c`` names nothing (``None`` when it does): its longest prefix that
+    is a module must exist, and the next name must appear in that module's source."""
+    parts = ref.split(".")
+    for i in range(len(parts), 1, -1):
+        module = _module_file(".".join(parts[:i]))
+        if module is None:
+            continue
+        if i == len(parts):
+            return None
+        name = parts[i]  # defined there, or imported into it
+        if re.search(rf"\b{name}\b", module.read_text()):
+            return None
+        return f"{'.'.join(parts[:i])} defines no {name}"
+    return f"no module {'.'.join(parts[:2])}"
+
+
+def test_module_and_path_references_resolve() -> None:
+    """Every ``credo.<module>[.<name>]`` and every ``src/credo/...`` path that the docs,
+    the README and the source name exists (modules move; the prose must follow)."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted(SRC.rglob("*.py"))]
+    bad = []
+    for path in files:
+        text = read_text(path) or ""
+        for m in MODULE_REF.finditer(text):
+            why = unresolved_reference(m.group(0))
+            if why is not None:
+                bad.append(f"{path.relative_to(ROOT)}: {m.group(0)} ({why})")
+        bad += [
+            f"{path.relative_to(ROOT)}: {m.group(0)} (no such file)"
+            for m in PATH_REF.finditer(text)
+            if not (ROOT / m.group(0)).is_file()
+        ]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_moved_module_is_an_unresolved_reference() -> None:
+    assert unresolved_reference("credo.train.teaching.Teaching") is not None  # moved
+    assert unresolved_reference("credo.teachers.teaching.Teaching") is None
+    assert unresolved_reference("credo.train.parts.register_part") is None  # re-exported
+    assert unresolved_reference("credo.nowhere") == "no module credo.nowhere"

@@ -25,7 +25,7 @@ pair with the critic and, by ``on_flag``:
 - ``critic/flag_rate``: flagged_steps / executed policy steps;
 - ``critic/false_alarm_proxy``: of the executed flagged steps, the share in episodes that
   succeeded (a flag on a winning path is most likely a false alarm; the labeller's exact
-  rate needs the privileged state, :func:`credo.critics.stages.critic_stage`).
+  rate needs the privileged state, :func:`credo.commands.cast.critic_stage`).
 """
 
 from __future__ import annotations
