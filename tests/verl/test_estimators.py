@@ -114,7 +114,7 @@ def test_other_shapes_match(name: str, params: dict, resample: bool, data, seed:
 def test_proas_keeps_its_graph_across_batches(
     f1: RolloutForest, f2: RolloutForest, seed: int
 ) -> None:
-    plugin._states.clear()
+    plugin.SETTINGS.states.clear()
     graph = ProgressGraph()
     for forest in (f1, f2):
         kw, pos = forest_to_verl(forest, _keys, seed=seed, route="parent")
@@ -128,7 +128,7 @@ def test_proas_keeps_its_graph_across_batches(
         graph.num_updates,
     )
     assert torch.equal(kept.edge_count.sort().values, graph.edge_count.sort().values)
-    plugin._states.clear()
+    plugin.SETTINGS.states.clear()
 
 
 def test_knobs_from_configure_and_from_an_omegaconf_algorithm_section() -> None:
@@ -151,7 +151,7 @@ def test_knobs_from_configure_and_from_an_omegaconf_algorithm_section() -> None:
         )
         adv, _ = fn(**kw, config=algo)  # the run config's knob wins over configure()
     finally:
-        plugin._estimator_params.clear()
+        plugin.SETTINGS.estimator_params.clear()
     assert torch.allclose(adv, token_view(want, pos, kw["response_mask"]), atol=ATOL)
     with pytest.raises(ValueError, match="omgea"):
         fn(**kw, config={"credo": {"omgea": 1.0}})

@@ -190,7 +190,7 @@ def test_configure_overrides_the_actor_config() -> None:
         plugin.configure(losses={"credo_holder": {"schedule": "constant", "p": -1.0}})
         got, _, _ = _via_verl("credo_holder", d, "seq-mean-token-mean", _actor())
     finally:
-        plugin._loss_params.clear()
+        plugin.SETTINGS.loss_params.clear()
     want, _ = _via_credo("holder", d, "seq-mean-token-mean", schedule="constant", p=-1.0)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="shedule"):

@@ -50,6 +50,7 @@ except ImportError as _exc:  # pragma: no cover - exercised by the guard test
     ) from _exc
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,8 @@ from credo.objectives import validate_loss
 __all__ = [
     "LOSSES",
     "PREFIX",
+    "SETTINGS",
+    "PluginSettings",
     "compute_credo_advantage",
     "configure",
     "estimator_state",
@@ -117,10 +120,29 @@ _BATCH_KEYS = {
     "actions": "actions",
 }
 
-_estimator_params: dict[str, dict[str, Any]] = {}
-_loss_params: dict[str, dict[str, Any]] = {}
-_states: dict[str, Any] = {}
-_step = 0
+
+@dataclass
+class PluginSettings:
+    """What the plugin keeps in this process between verl's calls: the knobs set by
+    :func:`configure`, the estimators' states (:func:`estimator_state`) and the training
+    step (:func:`set_training_step`). verl calls the registered functions by name, so
+    they read the one instance :data:`SETTINGS`; :meth:`reset` starts it afresh."""
+
+    estimator_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    loss_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    states: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+
+    def reset(self) -> None:
+        """Forget every knob, state and the step."""
+        self.estimator_params.clear()
+        self.loss_params.clear()
+        self.states.clear()
+        self.step = 0
+
+
+#: The plugin's settings in this process.
+SETTINGS = PluginSettings()
 
 
 def configure(
@@ -139,28 +161,27 @@ def configure(
     """
     for name, params in (estimators or {}).items():
         validate_estimator(_credo_estimator(name), params)
-        _estimator_params[name] = dict(params)
+        SETTINGS.estimator_params[name] = dict(params)
     for name, params in (losses or {}).items():
         if name not in LOSSES:
             raise KeyError(f"unknown credo verl loss {name!r}; valid: {', '.join(sorted(LOSSES))}")
         validate_loss(LOSSES[name][0], params)
-        _loss_params[name] = dict(params)
+        SETTINGS.loss_params[name] = dict(params)
 
 
 def set_training_step(step: int) -> None:
     """Training step read by the losses (HölderPO's p schedule); call it once per step."""
-    global _step
-    _step = int(step)
+    SETTINGS.step = int(step)
 
 
 def estimator_state(name: str) -> Any:
     """The state object of estimator ``name`` (``credo_proas``), built on first use."""
-    if name not in _states:
+    if name not in SETTINGS.states:
         factory = estimator_state_factory(_credo_estimator(name))
         if factory is None:
             raise KeyError(f"estimator {name!r} keeps no state across iterations")
-        _states[name] = factory()
-    return _states[name]
+        SETTINGS.states[name] = factory()
+    return SETTINGS.states[name]
 
 
 def _credo_estimator(name: str) -> str:
@@ -238,7 +259,7 @@ def _make_estimator(verl_name: str) -> Callable[..., tuple[torch.Tensor, torch.T
             actions=actions,
             reward_layout=reward_layout,
         )
-        params = {**_estimator_params.get(verl_name, {}), **_config_params(config)}
+        params = {**SETTINGS.estimator_params.get(verl_name, {}), **_config_params(config)}
         validate_estimator(name, params)
         state = estimator_state(verl_name) if estimator_state_factory(name) else None
         adv = compute_advantages(name, vf.forest, params, state=state)
@@ -284,7 +305,7 @@ def _make_loss(verl_name: str) -> Callable[..., tuple[torch.Tensor, dict[str, An
                 value = clip  # verl: clip_ratio_low/high default to clip_ratio
             if knob in _LOSS_KNOBS[loss_name] and value is not None:
                 params[knob] = float(value)
-        params.update(_loss_params.get(verl_name, {}))
+        params.update(SETTINGS.loss_params.get(verl_name, {}))
         loss, metrics = credo_policy_loss(
             loss_name,
             params,
@@ -294,7 +315,7 @@ def _make_loss(verl_name: str) -> Callable[..., tuple[torch.Tensor, dict[str, An
             response_mask=response_mask,
             weights=weights,
             turns=turns,
-            step=_step,
+            step=SETTINGS.step,
         )
         total = weights.sum().detach()
         scale = 1.0 / float(total) if float(total) > 0 else 0.0
