@@ -38,6 +38,11 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (tests and notebooks that register a part of their own)."""
+        self.get(name)
+        del self._items[name], self._meta[name]
+
     def get(self, name: str) -> T:
         if name not in self._items:
             raise KeyError(unknown_name_message(self.kind, name, self._items))
