@@ -571,7 +571,8 @@ class TeacherConfig:
         sanitiser_params: the sanitiser's knobs (e.g. ``{n: 2}`` for ``drop_final``).
         context_cache: ``anchor``: verified contexts kept per task across iterations for
             groups without a success this iteration (default 0: none; checkpointed).
-        route: how the scores reach the update: ``loss`` (default: a distillation loss,
+        route: how the scores reach the update (a route registered in
+            :mod:`credo.teachers.routes`): ``loss`` (default: a distillation loss,
             ``objective.loss`` ``opd``, ``mt_sdpo`` or ``renyi_opsd``, reads them),
             ``row_reward`` (the dense reward ``−coef·(log π_θ − log π_T)`` summed per step
             is added to the env reward before credit assignment), ``token_advantage``

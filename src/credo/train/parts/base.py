@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PARTS",
     "STAGES",
+    "UPDATE_STAGES",
     "IterationData",
     "Part",
     "PartContext",
@@ -74,6 +75,18 @@ __all__ = [
 
 #: The iteration's stages, in the order it runs them.
 STAGES = ("reward", "transform", "after_update", "report")
+
+#: The update's stages (:class:`~credo.train.update.UpdatePart`).
+UPDATE_STAGES = (
+    "prepare",
+    "before_step",
+    "weigh",
+    "micro_metrics",
+    "step_term",
+    "step_metrics",
+    "after_step",
+    "finish",
+)
 
 
 @dataclass
@@ -269,8 +282,11 @@ class Parts:
 
     @property
     def update(self) -> list[Part]:
-        """Every part: the update calls each of its stages on all of them."""
-        return list(self.all.values())
+        """The parts that take part in the update (:class:`~credo.train.update.UpdatePart`:
+        they override one of its stages or merge metrics of their own)."""
+        return [
+            p for p in self.all.values() if p.merge or any(_overrides(p, m) for m in UPDATE_STAGES)
+        ]
 
     def get(self, name: str) -> Part | None:
         return self.all.get(name)
