@@ -25,6 +25,7 @@ import importlib
 from credo.train.parts.base import (
     PARTS,
     STAGES,
+    UPDATE_STAGES,
     IterationData,
     Part,
     PartContext,
@@ -58,6 +59,7 @@ __all__ = [
     "BUILT_IN",
     "PARTS",
     "STAGES",
+    "UPDATE_STAGES",
     "IterationData",
     "Part",
     "PartContext",

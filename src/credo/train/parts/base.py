@@ -57,22 +57,6 @@ if TYPE_CHECKING:
     from credo.policy.hf import HFPolicy
     from credo.train.run import Run
 
-__all__ = [
-    "PARTS",
-    "STAGES",
-    "UPDATE_STAGES",
-    "IterationData",
-    "Part",
-    "PartContext",
-    "Parts",
-    "build_parts",
-    "check_parts",
-    "register_part",
-    "rollout_texts",
-    "run_needs",
-    "update_context",
-]
-
 #: The iteration's stages, in the order it runs them.
 STAGES = ("reward", "transform", "after_update", "report")
 
@@ -256,35 +240,21 @@ def rollout_texts(cfg: Any) -> tuple[str, ...]:
 
 @dataclass
 class Parts:
-    """The run's parts, built once (:func:`build_parts`), and each stage's list."""
+    """The run's parts, built once (:func:`build_parts`), and each stage's list: the parts
+    that override its method, in registration order."""
 
     all: dict[str, Part]
+    reward: list[Part] = field(init=False)
+    transform: list[Part] = field(init=False)
+    after_update: list[Part] = field(init=False)
+    report: list[Part] = field(init=False)
+    update: list[Part] = field(init=False)
 
-    def stage(self, name: str) -> list[Part]:
-        """The parts that take part in stage ``name`` (they override its method)."""
-        return [p for p in self.all.values() if _overrides(p, name)]
-
-    @property
-    def reward(self) -> list[Part]:
-        return self.stage("reward")
-
-    @property
-    def transform(self) -> list[Part]:
-        return self.stage("transform")
-
-    @property
-    def after_update(self) -> list[Part]:
-        return self.stage("after_update")
-
-    @property
-    def report(self) -> list[Part]:
-        return self.stage("report")
-
-    @property
-    def update(self) -> list[Part]:
-        """The parts that take part in the update (:class:`~credo.train.update.UpdatePart`:
-        they override one of its stages or merge metrics of their own)."""
-        return [
+    def __post_init__(self) -> None:
+        for stage in STAGES:
+            setattr(self, stage, [p for p in self.all.values() if _overrides(p, stage)])
+        # the update's: they override one of its stages or merge metrics of their own
+        self.update = [
             p for p in self.all.values() if p.merge or any(_overrides(p, m) for m in UPDATE_STAGES)
         ]
 
