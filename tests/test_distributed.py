@@ -134,9 +134,7 @@ def _one_update() -> dict[str, torch.Tensor]:
     reference = HFPolicy(copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device)
     opt = torch.optim.AdamW(trainable_parameters(policy.model), lr=cfg.optim.lr)
     ctx = update_context(cfg, policy, opt, reference)
-    metrics = policy_update(
-        ctx, batch, iteration=0, generator=torch.Generator().manual_seed(7), oracle=None
-    )
+    metrics = policy_update(ctx, batch, iteration=0, generator=torch.Generator().manual_seed(7))
     out = {f"w.{k}": v.detach().clone() for k, v in policy.model.state_dict().items()}
     out.update({f"m.{k}": torch.tensor(float(v)) for k, v in metrics.items()})
     return out

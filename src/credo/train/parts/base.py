@@ -102,8 +102,9 @@ class PartContext:
 
     Attributes:
         cfg: the run's config (a part reads its own sections).
-        run: the run's parts built by :func:`~credo.train.run.build_run` (renderer, env
-            factory, held-out evaluator).
+        run: the run (:class:`~credo.train.run.Run`: the renderer, the env factory, the
+            held-out evaluator); ``None`` only for :func:`update_context`, which builds
+            the parts that take part in the update alone.
         policy: the policy being trained (the sampling copy under FSDP).
         reference: the frozen reference, when :func:`run_needs` asked for one.
         engine: how the processes share the work.
