@@ -192,10 +192,12 @@ def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
             "--resume continues a run as configured; only train.iterations=N (or "
             f"--iterations N) may change, to extend it (got {', '.join(sorted(keys))})"
         )
+    from credo.utils.safe_yaml import read_yaml_file, yaml_problem
+
     try:
-        data = yaml.safe_load(cfg_path.read_text())
+        data = read_yaml_file(cfg_path)
     except yaml.YAMLError as exc:
-        raise UsageError(f"{cfg_path}: not valid YAML ({_first_line(exc)})") from None
+        raise UsageError(f"{cfg_path}{yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{cfg_path}: expected a mapping of config sections")
     saved = Config.from_dict(data)

@@ -41,14 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from credo.eval.passk import check_ks
 from credo.train.config import Config, ConfigError, load_config
 from credo.train.logging import read_metrics
 from credo.train.loop import train
 from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table
+from credo.utils.safe_yaml import read_yaml_file
 
 __all__ = ["Arm", "RecipeSummary", "RunFailed", "arms_from_recipes", "compare", "split_overrides"]
 
@@ -177,7 +176,7 @@ def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
     if not _finished(run_dir):
         resume = _resumable(run_dir)
         if resume is not None:
-            cfg = Config.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+            cfg = Config.from_dict(read_yaml_file(run_dir / "config.yaml"))
         train(cfg, resume=resume, quiet=True)
     return _result(run_dir)
 

@@ -656,7 +656,7 @@ class JudgeConfig:
             env's words and the verdict words: for tests; its verdicts are noise), or an
             HF model: a folder, an alias such as ``smollm2-135m`` (the packaged
             SmolLM2-135M-Instruct, offline) or a hub name.
-        rubric: a YAML file of rubric items (``yaml.safe_load``: a list of questions or
+        rubric: a YAML file of rubric items (bounded safe YAML: a list of questions or
             of ``{question, weight}``, or a mapping with ``items``); default ``None``: the
             built-in rubric for messages to a customer (:data:`credo.train.judging.
             DEFAULT_RUBRIC`).
