@@ -471,7 +471,9 @@ class TrainConfig:
             save one.
         keep_checkpoints: most recent checkpoints to keep (default 2).
         runs_dir: where run folders go (default ``runs``).
-        name: run folder name (default ``<recipe>-<env>-<timestamp>``).
+        name: run folder name under ``runs_dir`` (default ``<recipe>-<env>-<timestamp>``):
+            letters, digits, ``_``, ``-`` and ``.`` (not first), at most 128 characters;
+            never a path (no ``/``, ``..`` or absolute name).
     """
 
     iterations: int = 100

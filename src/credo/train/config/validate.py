@@ -13,6 +13,7 @@ names the key, the value and what is accepted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,12 @@ from credo.utils.registry import unknown_name_message
 if TYPE_CHECKING:
     from credo.train.config.schema import Config
 
-__all__ = ["validate"]
+__all__ = ["RUN_NAME", "validate"]
+
+#: What ``train.name`` may be: one folder name under ``train.runs_dir`` (letters, digits,
+#: ``_``, ``-`` and ``.``, not starting with ``.`` or ``-``), never a path: no separator,
+#: no ``..``, nothing absolute.
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 
 
 def validate(cfg: Config) -> None:
@@ -452,6 +458,13 @@ def _eval_and_train(cfg: Config) -> None:
             "train.keep_checkpoints": cfg.train.keep_checkpoints,
         },
     )
+    name = cfg.train.name
+    if name is not None and not (isinstance(name, str) and RUN_NAME.fullmatch(name)):
+        raise ConfigError(
+            f"train.name={name!r} must be one folder name: letters, digits, _, - and . "
+            "(not first), at most 128 characters; a run's folder is train.runs_dir/"
+            "train.name, so set train.runs_dir to put runs elsewhere"
+        )
 
 
 TEACHER_ROUTES = ("loss", "row_reward", "token_advantage", "oprd")
