@@ -178,8 +178,9 @@ def _first_line(exc: BaseException) -> str:
 def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
     """The config of ``--resume DIR`` (with ``train.iterations`` changed when asked) and
     whether the run is already finished at that length."""
-    from credo.train.checkpoint import latest_checkpoint
+    from credo.train.checkpoint import checkpoint_iteration, latest_checkpoint
     from credo.train.config import Config, apply_overrides
+    from credo.train.finish import unfinished_reason
 
     run_dir = Path(args.resume)
     cfg_path = run_dir / "config.yaml"
@@ -203,16 +204,15 @@ def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
     saved = Config.from_dict(data)
     cfg = Config.from_dict(apply_overrides(data, extra))
     check_run_files(run_dir)
-    ckpt = latest_checkpoint(run_dir)
-    done = 0
-    if ckpt is not None:
-        done = int(json.loads((ckpt / "state.json").read_text()).get("iteration", 0))
+    done = checkpoint_iteration(latest_checkpoint(run_dir))
     if cfg.train.iterations < done:
         raise UsageError(
             f"train.iterations={cfg.train.iterations}: {run_dir} has already run {done} "
             "iterations; a run can be extended, not shortened"
         )
-    finished = (run_dir / "final_eval.json").exists() and done >= cfg.train.iterations
+    # finished: every artefact of the run's end is complete (credo.train.finish);
+    # otherwise the final evaluation and save are redone from the last checkpoint
+    finished = done >= cfg.train.iterations and unfinished_reason(run_dir, done) is None
     if finished and cfg.train.iterations != saved.train.iterations:
         finished = False
     return cfg, run_dir, finished

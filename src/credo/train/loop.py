@@ -11,7 +11,9 @@ current iteration and saves a checkpoint; ``--resume`` continues the run exactly
 What keeps a run safe: the run folder is locked (:class:`~credo.utils.lock.RunLock`)
 before any work in it, so two runs never share one; every file is written by
 temp-and-rename (``config.yaml``, checkpoints, ``latest``, the rewritten
-``metrics.jsonl``; new metrics lines are single appends); env calls are guarded
+``metrics.jsonl``, ``final_policy/``, ``curves.png``, ``final_eval.json``; new metrics
+lines are single appends), and ``final_eval.json``, written last with the digests of
+``final_policy/``, marks a finished run (:mod:`credo.train.finish`); env calls are guarded
 (:mod:`credo.rollout.envguard`: exceptions, hangs past ``rollout.step_timeout`` and
 wrong types fail one episode and are written to ``env_errors.jsonl``, the first few
 shown); a non-finite reward stops the run with a checkpoint of the iteration's start; a
@@ -21,7 +23,6 @@ line and the resume command, also under ``--quiet``.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from credo.train import distributed as dp
 from credo.train import fsdp
 from credo.train.checkpoint import clean_partial, latest_checkpoint, restore_rng, rng_snapshot
 from credo.train.config import Config
+from credo.train.finish import remove_final_leftovers, save_final_policy, write_final_eval
 from credo.train.health import HealthMonitor
 from credo.train.iteration import run_iteration
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
@@ -147,6 +149,7 @@ def _train_locked(
                 if dp.is_main():
                     _write_config(run_dir, cfg)
                     clean_partial(run_dir)
+                    remove_final_leftovers(run_dir)
                     dp.note_processes(run_dir, resuming=resuming, say=progress.warn)
                 checkpoint = latest_checkpoint(run_dir) if resuming else None
                 policy, warm = dp.main_first(  # the others find rank 0's cached warm start
@@ -179,7 +182,7 @@ def _train_locked(
         elif not interrupted:
             try:
                 with interrupt_on_term():
-                    final = _finish(run, state, run_dir, progress)
+                    final = _finish(run, state, run_dir, progress, warm)
             except KeyboardInterrupt:
                 interrupted = True
                 progress.warn(
@@ -187,18 +190,8 @@ def _train_locked(
                     f"credo train --resume {run_dir}"
                 )
     metrics = read_metrics(own / "metrics.jsonl")
-    if metrics and dp.is_main():
-        start = "warm start (SFT)" if cfg.sft.enabled else "initial policy (no warm start)"
-        baselines = {f"{start}, held-out": warm.success_rate} if warm else {}
-        title = f"{cfg.recipe} on {cfg.env.name}"
-        ends = {cfg.recipe: final.success_rate} if final else None
-        plot_curves(
-            {cfg.recipe: metrics},
-            run_dir / "curves.png",
-            title=title,
-            baselines=baselines,
-            final=ends,
-        )
+    if final is None and metrics and dp.is_main():  # a finished run's were drawn by _finish
+        _plot(cfg, run_dir, metrics, warm, None)
     seconds = time.perf_counter() - t_start
     return TrainResult(
         run_dir, len(metrics), warm, final, interrupted, seconds, metrics, rank=dp.rank()
@@ -321,14 +314,40 @@ def _lock(run_dir: Path, progress: Progress) -> RunLock:
     return lock
 
 
-def _finish(run: Run, state: TrainState, run_dir: Path, progress: Progress) -> EvalResult:
-    """The trained policy's held-out evaluation (``final_eval.json``) and its weights
-    (``final_policy/``)."""
+def _finish(
+    run: Run, state: TrainState, run_dir: Path, progress: Progress, warm: EvalResult | None
+) -> EvalResult:
+    """The run's last writes (:mod:`credo.train.finish`), each by temp-and-rename and in
+    this order: the trained policy's weights (``final_policy/``), the curves with its
+    held-out result, then that result (``final_eval.json``, the mark of a finished run,
+    with the digests of ``final_policy/``)."""
     with progress.phase(f"held-out eval of the trained policy ({run.cfg.eval.episodes} episodes)"):
         final = run.evaluate(state.policy)
-    write_text_atomic(run_dir / "final_eval.json", json.dumps(final.to_dict(), indent=1))
-    state.policy.save(run_dir / "final_policy")
+    save_final_policy(state.policy, run_dir)
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    if metrics:
+        _plot(run.cfg, run_dir, metrics, warm, final)
+    write_final_eval(run_dir, final.to_dict(), state.iteration)
     return final
+
+
+def _plot(
+    cfg: Config,
+    run_dir: Path,
+    metrics: list[dict[str, Any]],
+    warm: EvalResult | None,
+    final: EvalResult | None,
+) -> None:
+    """``curves.png``: the run's curves, its starting policy's held-out success and,
+    once it finished, the trained policy's."""
+    start = "warm start (SFT)" if cfg.sft.enabled else "initial policy (no warm start)"
+    plot_curves(
+        {cfg.recipe: metrics},
+        run_dir / "curves.png",
+        title=f"{cfg.recipe} on {cfg.env.name}",
+        baselines={f"{start}, held-out": warm.success_rate} if warm else {},
+        final={cfg.recipe: final.success_rate} if final else None,
+    )
 
 
 def _run_dir_for(cfg: Config) -> Path:
