@@ -981,6 +981,7 @@ def main(argv: list[str] | None = None) -> int:
         return pipeline_main(argv[1:])
     args = parse_args(argv)
     from credo.train.config import ConfigError
+    from credo.utils.storage import StorageError, storage_problem
 
     try:
         return int(args.func(args) or 0)
@@ -996,6 +997,13 @@ def main(argv: list[str] | None = None) -> int:
         FloatingPointError,
     ) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a full disk, a read-only folder: one line, not a traceback
+        refused = storage_problem(exc)
+        if refused is None:
+            raise
+        line = str(exc) if isinstance(exc, StorageError) else refused[1]
+        print(f"error: {' '.join(line.split())}", file=sys.stderr)
         return 2
 
 

@@ -49,6 +49,7 @@ from credo.train.teaching import check_teacher_inputs
 from credo.train.warmstart import start_policy
 from credo.utils.atomic import write_text_atomic
 from credo.utils.lock import RunLock, pid_alive
+from credo.utils.storage import StorageError, storage_fix, storage_problem
 
 __all__ = ["TrainResult", "train"]
 
@@ -103,11 +104,29 @@ def train(
         EnvFailure: the env broke the run (a non-finite reward, every warm-start
             demonstration failing, an iteration that failed after env errors); the
             message starts with the env's own error.
+        StorageError: the machine refused a write (a full disk, a quota, a read-only or
+            unwritable folder): one line naming the file, what survived and how to go on.
     """
+    where: list[Path] = []  # the run folder, once known
+    try:
+        return _train(cfg, resume, quiet, policy_path, where)
+    except Exception as exc:  # a full disk or a read-only folder: one line, what to do
+        refused = storage_problem(exc)
+        if refused is None:
+            raise
+        folder = where[0] if where else Path(cfg.train.runs_dir)
+        raise _storage_error(*refused, folder) from exc
+
+
+def _train(
+    cfg: Config, resume: Path | None, quiet: bool, policy_path: Path | None, where: list[Path]
+) -> TrainResult:
+    """:func:`train` (see there); ``where`` receives the run folder once it is known."""
     t_start = time.perf_counter()
     joined = not dp.active() and dp.setup(cfg.model.device)  # torchrun: N processes
     progress = Progress(enabled=not quiet and dp.is_main())
     run_dir = Path(resume) if resume else dp.broadcast_object(_run_dir_for(cfg))
+    where.append(run_dir)
     lock: RunLock | None = None
     main = dp.is_main()  # rank 0 alone locks and writes the run folder
     try:
@@ -292,6 +311,20 @@ def _iteration_error(
             f"{type(exc).__name__}: {exc}. {resume}"
         )
     return exc
+
+
+def _storage_error(code: int, line: str, run_dir: Path) -> StorageError:
+    """The one line of a write the machine refused (``line``: which file, why): what
+    survived and how to go on. Every file is written by temp-and-rename, so the run is
+    intact up to its last complete checkpoint."""
+    fix = storage_fix(code, run_dir)
+    if (run_dir / "config.yaml").exists():
+        last = latest_checkpoint(run_dir)
+        kept = f"up to {last.name}" if last is not None else "(no checkpoint yet)"
+        then = f"{run_dir} keeps the run {kept}; {fix} and continue with: credo train --resume {run_dir}"
+    else:
+        then = f"{fix} (or set train.runs_dir to a writable folder) and start again"
+    return StorageError(f"{line}; {then}", code)
 
 
 def _write_config(run_dir: Path, cfg: Config) -> None:
