@@ -21,10 +21,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_N", "ChatRequest", "RequestError", "parse_chat_request"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_N",
+    "ChatRequest",
+    "RequestError",
+    "decode_body",
+    "parse_chat_request",
+]
 
 #: Largest ``n`` accepted (choices per request).
 MAX_N = 64
+#: Deepest nesting of objects and arrays accepted in a request body (tool schemas are a
+#: few levels deep).
+MAX_JSON_DEPTH = 64
 #: Largest ``top_logprobs`` accepted (OpenAI's limit).
 MAX_TOP_LOGPROBS = 20
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -176,6 +186,62 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
             "tool_choice",
         )
     return tools
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request body, or :class:`RequestError` (400) for anything that is
+    not valid JSON in UTF-8 text: bad syntax or bytes, nesting deeper than
+    :data:`MAX_JSON_DEPTH` (100,000 levels made the JSON decoder raise ``RecursionError``,
+    a 500), integers too long to read, and strings with a lone surrogate (``"\\ud800"``
+    decodes to a string no tokenizer can encode, also a 500 before)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise RequestError(
+            f"the request body is nested more than {MAX_JSON_DEPTH} levels deep"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
+        why = str(exc).split("; use sys.set_int_max_str_digits")[0]  # not the client's knob
+        raise RequestError(f"the request body is not valid JSON: {why}") from None
+    _check_json(body)
+    return body
+
+
+def _check_json(body: Any) -> None:
+    """Refuse nesting deeper than :data:`MAX_JSON_DEPTH` and strings (keys included) that
+    are not valid Unicode text, naming where (walked with an explicit stack)."""
+    stack: list[tuple[Any, str, int]] = [(body, "body", 1)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise RequestError(
+                    f"the request body is nested more than {MAX_JSON_DEPTH} levels deep"
+                )
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                if isinstance(k, str):
+                    _check_text(k, f"a key of {'the request body' if where == 'body' else where}")
+                stack.append(
+                    (v, f"{where}.{k}" if isinstance(k, str) else f"{where}[{k}]", depth + 1)
+                )
+        elif isinstance(value, str):
+            _check_text(value, where)
+
+
+def _check_text(text: str, where: str) -> None:
+    """``text`` encodes as UTF-8; else a 400 naming ``where`` (``body.messages[0].content``)
+    and the top-level field as the error's ``param``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        field = where.split("body", 1)[1].lstrip(".").split(".")[0].split("[")[0]
+        raise RequestError(
+            f"{where.replace('body.', '', 1)} is not valid Unicode text: it holds a lone "
+            f"surrogate ({text[exc.start]!r} at character {exc.start}); send UTF-8 text "
+            "(surrogates only in pairs)",
+            field or None,
+        ) from None
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
