@@ -42,6 +42,10 @@ TINY = [
 ]
 
 
+#: above the largest pid Linux hands out (2**22): never a live process
+DEAD_PID = 2**22 + 1
+
+
 class Killed(BaseException):
     """A simulated ``kill -9`` at the raise point (no ``except Exception`` catches it)."""
 
@@ -111,12 +115,14 @@ def test_a_kill_during_the_final_save_leaves_the_old_folder_or_none(  # type: ig
     assert sorted(p.name for p in (run / FINAL_POLICY).iterdir()) == before
     # a real kill -9 skips the clean-up: its hidden temporary folder stays until the next
     # start of the run removes it; one of a live process (pid 1) is left alone
-    dead = temp_path(run / FINAL_POLICY)
+    dead = run / f".final_policy.{DEAD_PID}.0123abcd.tmp"  # no process can have this pid
     (dead / "sub").mkdir(parents=True)
     live = run / ".curves.png.1.0123abcd.tmp"
+    mine = temp_path(run / FINAL_EVAL)  # this process's: perhaps another thread's write
     live.write_bytes(b"x")
+    mine.write_bytes(b"y")
     assert remove_final_leftovers(run) == [dead.name]
-    assert sorted(p.name for p in run.iterdir()) == [live.name, FINAL_POLICY]
+    assert sorted(p.name for p in run.iterdir()) == sorted([live.name, mine.name, FINAL_POLICY])
 
 
 def _train(*args: str) -> int:
@@ -176,3 +182,26 @@ def test_an_extended_run_killed_in_its_final_eval_is_not_finished(  # type: igno
     assert main(["train", "--resume", str(run), "--quiet"]) == 0
     assert "is finished" not in capsys.readouterr().out
     assert json.loads((run / FINAL_EVAL).read_text())["iteration"] == 2
+
+
+@pytest.mark.slow
+def test_following_the_advice_for_a_damaged_checkpoint_resumes(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 46, item 7: for truncated checkpoint weights ``--resume`` advised deleting
+    ``step_N/policy``, after which the resume failed on the missing weights; deleting the
+    whole ``step_N`` is what works, and is what it now says."""
+    import re
+    import shutil
+
+    assert _train(f"train.runs_dir={tmp_path}", "train.name=r", "train.iterations=2") == 0
+    run = tmp_path / "r"
+    weights = run / "checkpoints" / "step_2" / "policy" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "train.iterations=3", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {weights} is unreadable")
+    advised = Path(re.search(r"delete (\S+?)[ ,;]", err).group(1))
+    shutil.rmtree(advised)  # do as it says, then resume
+    assert main(["train", "--resume", str(run), "train.iterations=3", "--quiet"]) == 0
+    assert advised == run / "checkpoints" / "step_2"
+    assert json.loads((run / FINAL_EVAL).read_text())["iteration"] == 3

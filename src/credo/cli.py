@@ -142,11 +142,28 @@ def check_run_files(run_dir: Path) -> None:
                         fh.get_slice(key)
         except Exception as exc:
             what = "empty" if path.stat().st_size == 0 else f"unreadable ({_first_line(exc)})"
-            raise UsageError(
-                f"{path} is {what}: --resume needs the run's latest checkpoint intact; delete "
-                f"{path.parent if ckpt and ckpt in path.parents else path} to resume from an "
-                "earlier checkpoint, or start a new run"
-            ) from None
+            raise UsageError(f"{path} is {what}: {_damaged_advice(run_dir, ckpt, path)}") from None
+
+
+def _damaged_advice(run_dir: Path, ckpt: Path | None, path: Path) -> str:
+    """What to do about a damaged file ``path`` that ``--resume`` would read. A damaged
+    checkpoint is deleted whole (a checkpoint without its ``policy/`` still counts as
+    one: deleting only that folder made the resume fail on the missing weights)."""
+    if ckpt is not None and ckpt in path.parents:
+        return (
+            f"--resume needs the run's latest checkpoint intact; delete {ckpt} (the whole "
+            "checkpoint) to resume from the one before it (or from the start), or start a "
+            "new run"
+        )
+    if path.name == "warmstart.json":
+        return (
+            f"delete {path} to resume without the warm start's held-out result (the weights "
+            "come from the checkpoint), or start a new run"
+        )
+    return (
+        f"{path.parent} holds the run's reference policy, which a resume cannot make again; "
+        "start a new run"
+    )
 
 
 def _run_dirs(runs_dir: Path) -> set[Path]:

@@ -89,8 +89,8 @@ def replace_dir(final: Path, write: Callable[[Path], None]) -> Path:
 def remove_leftovers(folder: Path, names: tuple[str, ...] | None = None) -> list[str]:
     """Delete the hidden temporary siblings (:func:`temp_path`) in ``folder`` whose
     writer is no longer running, for the given ``names`` (default: every name).
-    Returns the names deleted. A live writer's (another process still writing into a
-    shared folder such as the warm-start cache) are kept."""
+    Returns the names deleted. A live writer's (another process, or another thread of
+    this one, still writing into a shared folder such as the warm-start cache) are kept."""
     from credo.utils.lock import pid_alive
 
     removed = []
@@ -98,8 +98,7 @@ def remove_leftovers(folder: Path, names: tuple[str, ...] | None = None) -> list
         m = _LEFTOVER.fullmatch(p.name)
         if m is None or (names is not None and m.group("name") not in names):
             continue
-        pid = int(m.group("pid"))
-        if pid != os.getpid() and pid_alive(pid):
+        if pid_alive(int(m.group("pid"))):  # this process too: another thread may be writing
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
