@@ -234,6 +234,8 @@ def _iterate(
     total, every = cfg.train.iterations, cfg.train.checkpoint_every
     last_saved = state.iteration if saved is not None else None
     health = HealthMonitor(cfg)  # warns when a run learns nothing (credo.train.health)
+    if state.iteration > 0 and dp.is_main():  # resumed: the trends carry on, no repeats
+        health.replay(read_metrics(log.path))
     try:
         with (
             progress.training(total, state.iteration) as bar,
