@@ -265,3 +265,12 @@ def test_run_names_are_folder_names_not_paths(name: str, tmp_path, capsys) -> No
 @pytest.mark.parametrize("name", ["grpo-seed0", "grpo.v2-seed1", "renyi_opsd-plain", "7"])
 def test_ordinary_run_names_are_accepted(name: str) -> None:
     assert load_config("grpo", [f"train.name={name!r}"]).train.name == name
+
+
+def test_a_temperature_too_small_to_divide_by_is_refused() -> None:
+    """Logits divided by 1e-308 overflow to inf and the sampling distribution to NaN
+    (found by the hostile-input suite's fuzzer, issue 46); 0 is greedy."""
+    with pytest.raises(ConfigError, match=r"rollout\.temperature must be 0 \(greedy\) or at"):
+        load_config("grpo", ["rollout.temperature=1e-308"])
+    assert load_config("grpo", ["rollout.temperature=0"]).rollout.temperature == 0
+    assert load_config("grpo", ["rollout.temperature=0.001"]).rollout.temperature == 0.001

@@ -204,6 +204,9 @@ def test_prompts_that_fit_are_served_however_close_to_the_context(server, policy
         (b'{"n": ' + b"9" * 5000 + b"}", "Exceeds the limit (4300 digits)"),
         (b'{"a": "\xff"}', "not valid JSON: 'utf-8' codec can't decode byte 0xff"),
         (_chat("x", temperature=float("nan")), "temperature must be a number in [0.0, 2.0]"),
+        # found by the hostile suite's fuzzer: logits / 1e-308 overflowed to a NaN
+        # distribution, a 500
+        (_chat("x", temperature=1e-308), "temperature must be 0 (greedy) or in [0.001, 2.0]"),
     ],
 )
 def test_malformed_bodies_are_a_400_and_the_server_keeps_serving(

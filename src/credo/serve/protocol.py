@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from credo.policy.base import MIN_TEMPERATURE
+
 __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_N",
@@ -95,6 +97,19 @@ def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
         raise RequestError(f"{key} must be a number in [{lo}, {hi}], got {v!r}", key)
     return float(v)
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    """``temperature``: 0 (greedy) or in [:data:`~credo.policy.base.MIN_TEMPERATURE`, 2]
+    (smaller positive values overflow the scaled logits)."""
+    t = _number(body, "temperature", 1.0, 0.0, 2.0)
+    if 0 < t < MIN_TEMPERATURE:
+        raise RequestError(
+            f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, 2.0], got {t!r}: "
+            "below that the logits divided by it overflow; send 0 for greedy",
+            "temperature",
+        )
+    return t
 
 
 def _int(body: dict[str, Any], key: str, lo: int, hi: int | None) -> int | None:
@@ -292,7 +307,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     return ChatRequest(
         messages=msgs,
         n=_int(body, "n", 1, MAX_N) or 1,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=_temperature(body),
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
         max_tokens=max_tokens,
         stop=stops,

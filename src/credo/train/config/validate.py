@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from credo.policy.base import MIN_TEMPERATURE
 from credo.train.config.errors import ConfigError
 from credo.utils.registry import unknown_name_message
 
@@ -171,6 +172,11 @@ def _rollout(cfg: Config) -> None:
             "rollout.max_turns": r.max_turns,
         },
     )
+    if 0 < r.temperature < MIN_TEMPERATURE:
+        raise ConfigError(
+            f"rollout.temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
+            f"{r.temperature} (the logits are divided by it, and overflow below that)"
+        )
     _at_least(
         0,
         {
