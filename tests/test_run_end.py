@@ -205,3 +205,26 @@ def test_following_the_advice_for_a_damaged_checkpoint_resumes(tmp_path, capsys)
     assert main(["train", "--resume", str(run), "train.iterations=3", "--quiet"]) == 0
     assert advised == run / "checkpoints" / "step_2"
     assert json.loads((run / FINAL_EVAL).read_text())["iteration"] == 3
+
+
+@pytest.mark.slow
+def test_a_kill_while_saving_the_reference_leaves_a_resumable_run(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The reference policy (``reference/``, saved at a run's start when a KL term needs
+    it) was written in place: a kill mid-write left a truncated file that ``--resume``
+    refused ("start a new run"). Now written by temp-and-rename, it is whole or absent."""
+    real = HFPolicy.save
+
+    def killed_in_reference(self: Any, path: Path) -> None:
+        if "reference" not in Path(path).name:
+            return real(self, path)
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "model.safetensors").write_bytes(b"\x40" + b"\x00" * 7 + b'{"a')  # cut
+        raise Killed("reference save")
+
+    monkeypatch.setattr(HFPolicy, "save", killed_in_reference)
+    with pytest.raises(Killed):
+        _train(f"train.runs_dir={tmp_path}", "train.name=r", "objective.kl_coef=0.1")
+    monkeypatch.setattr(HFPolicy, "save", real)
+    run = tmp_path / "r"
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    assert unfinished_reason(run, 1) is None and (run / "reference" / "config.json").exists()

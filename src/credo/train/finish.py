@@ -92,6 +92,7 @@ def unfinished_reason(run_dir: Path, iteration: int) -> str | None:
 
 
 def remove_final_leftovers(run_dir: Path) -> list[str]:
-    """Delete what a kill during the run's last writes left in ``run_dir`` (hidden
-    temporary siblings of ``final_policy``, ``curves.png`` and ``final_eval.json``)."""
-    return remove_leftovers(Path(run_dir), (FINAL_POLICY, "curves.png", FINAL_EVAL))
+    """Delete what a kill during a folder-level write left in ``run_dir`` (hidden
+    temporary siblings of ``final_policy``, ``curves.png``, ``final_eval.json`` and the
+    reference policy's folder ``reference``)."""
+    return remove_leftovers(Path(run_dir), (FINAL_POLICY, "curves.png", FINAL_EVAL, "reference"))

@@ -35,6 +35,7 @@ from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
 from credo.train.teaching import Teaching
 from credo.train.zero import Zero
+from credo.utils.atomic import replace_dir
 
 __all__ = ["TrainState", "seed_estimator_state"]
 
@@ -144,8 +145,8 @@ class TrainState:
             if teaching is not None:
                 teaching.load(checkpoint, saved.get("teacher_state"))
             return state
-        if reference is not None and not lora and dp.is_main():
-            reference.save(run_dir / "reference")
+        if reference is not None and not lora and dp.is_main():  # by temp-and-rename
+            replace_dir(run_dir / "reference", reference.save)
         if est_state is not None:
             seed_estimator_state(run, est_state)
         return state
