@@ -321,7 +321,9 @@ def model_dir(policy, tmp_path_factory):  # type: ignore[no-untyped-def]
     ],
 )
 def test_bad_flags_are_one_line(model_dir: Path, flags: list[str], message: str, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert serve_main([str(model_dir), *flags], prog="credo serve") == 2
+    with pytest.raises(SystemExit) as stop:
+        serve_main([str(model_dir), *flags], prog="credo serve")
+    assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: credo serve: ") and message in err
 

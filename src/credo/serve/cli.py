@@ -164,9 +164,6 @@ def build_parser(prog: str = "python -m credo.serve") -> argparse.ArgumentParser
 
 def main(argv: list[str] | None = None, prog: str = "python -m credo.serve") -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``) and serve; ``prog`` names the command
-    in help and errors."""
-    try:
-        args = build_parser(prog).parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a bad option (2, its line already printed)
-        return int(exc.code or 0)
-    return cmd_serve(args)
+    in help and errors (``--help`` and a bad option end in ``SystemExit``, as argparse's
+    do: 0, or 2 after one ``error:`` line)."""
+    return cmd_serve(build_parser(prog).parse_args(argv))
