@@ -257,3 +257,32 @@ def test_sft_seed_lets_rl_runs_of_several_seeds_share_one_warm_start() -> None:
     assert not all(torch.equal(a, b) for a, b in zip(made, weights(own_seed_1)))
     with pytest.raises(ConfigError, match=r"sft\.seed must be ≥ 0, got -1"):
         load_config("grpo", ["sft.seed=-1"])
+
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/abs", ".", "..", "a/b", ".hidden", "-x", ""])
+def test_run_names_are_folder_names_not_paths(name: str, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 46, item 4: ``train.name=../../x``, an absolute path or ``.`` wrote outside
+    ``runs/``; a run name is now one folder name, refused in one line before anything."""
+    from credo.cli import main
+
+    with pytest.raises(ConfigError, match=r"train\.name=.* must be one folder name"):
+        load_config("grpo", [f"train.name={name!r}"])
+    runs = tmp_path / "deep" / "runs"
+    code = main(["train", f"train.name={name!r}", f"train.runs_dir={runs}", "--iterations", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "must be one folder name" in err
+    assert list(tmp_path.rglob("*")) == []  # nothing written, inside runs_dir or out
+
+
+@pytest.mark.parametrize("name", ["grpo-seed0", "grpo.v2-seed1", "renyi_opsd-plain", "7"])
+def test_ordinary_run_names_are_accepted(name: str) -> None:
+    assert load_config("grpo", [f"train.name={name!r}"]).train.name == name
+
+
+def test_a_temperature_too_small_to_divide_by_is_refused() -> None:
+    """Logits divided by 1e-308 overflow to inf and the sampling distribution to NaN
+    (found by the hostile-input suite's fuzzer, issue 46); 0 is greedy."""
+    with pytest.raises(ConfigError, match=r"rollout\.temperature must be 0 \(greedy\) or at"):
+        load_config("grpo", ["rollout.temperature=1e-308"])
+    assert load_config("grpo", ["rollout.temperature=0"]).rollout.temperature == 0
+    assert load_config("grpo", ["rollout.temperature=0.001"]).rollout.temperature == 0.001

@@ -536,6 +536,24 @@ def test_warm_start_cache_writers_never_share_a_temporary_path(
     assert [p.name for p in folder.parent.iterdir()] == ["key"]  # no temporary left
 
 
+def test_a_killed_warm_start_writers_temporary_folder_is_removed(tmp_path: Path) -> None:
+    """Issue 46, item 7: a warm-start cache write killed mid-way left its hidden
+    ``.KEY.PID.RAND.tmp`` folder (as large as the model) forever; the next write into the
+    cache removes the ones whose process is gone, and keeps a live writer's."""
+    from credo.policy.tiny import TinyModelConfig, create_tiny_policy
+    from credo.train.warmstart import _store
+
+    root = tmp_path / "warmstart"
+    dead = root / f".other.{2**22 + 1}.0123abcd.tmp"  # above Linux's largest pid
+    live = root / f".other.{os.getppid()}.0123abcd.tmp"
+    for leftover in (dead, live):
+        (leftover / "policy").mkdir(parents=True)
+        (leftover / "policy" / "model.safetensors").write_bytes(b"w" * 1000)
+    policy = create_tiny_policy(["a"], TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2))
+    _store(policy, root / "key", {"demo_success": 0.5})
+    assert sorted(p.name for p in root.iterdir()) == sorted(["key", live.name])
+
+
 # ------------------------------------------------------------------------------- faulty envs
 
 
@@ -660,8 +678,11 @@ def test_env_that_raises_sometimes_is_contained_in_every_phase(
     assert {"warm start", "rollout", "eval"} <= phases
     assert all(e["message"].startswith("RuntimeError: faulty-env-") for e in errors)
     assert all("test_faults.py" in e["location"] for e in errors)
-    # snapshots are taken in `step`; the tree sampler's branches also `restore`
-    assert {"reset", "step"} <= {e["call"] for e in errors} <= {"reset", "step", "restore"}
+    # the tree sampler's branches also `restore`; a failed snapshot is named as one
+    calls = {"reset", "step", "snapshot", "restore"}
+    assert {"reset", "step"} <= {e["call"] for e in errors} <= calls
+    for e in errors:  # a failed snapshot is recorded as `snapshot` (issue 46), no other call
+        assert ("faulty-env-snapshot-" in e["message"]) == (e["call"] == "snapshot"), e
     rollout = [e for e in errors if e["phase"] == "rollout"]
     assert sum(r["rollout/env_errors"] for r in res.metrics) == len(rollout)
     if extra:  # the snapshots of the oracle's start states are taken by the sampler's steps
@@ -751,6 +772,7 @@ def test_when_every_episode_fails_the_env_error_is_shown(
     first = _errors(tmp_path / name)[0]
     # the env's own message (its call counter also counts the pre-flight env check's calls)
     assert re.fullmatch(rf"RuntimeError: faulty-env-{what}-\d+", first["message"])
+    assert first["call"] == what  # issue 46: a failed snapshot() was recorded as "step"
 
 
 def test_a_nan_reward_names_the_env_and_saves_a_checkpoint(

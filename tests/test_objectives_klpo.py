@@ -251,3 +251,27 @@ def test_klpo_errors():
         fn(_inputs(LP, OLD, 1.0, {"aux_logprobs": torch.zeros(1, 3, 2, dtype=D)}))
     with pytest.raises(ValueError, match="strictly negative"):
         fn(_inputs([[0.0, -1.0]], OLD, 1.0, {}), kl="binary")
+
+
+@pytest.mark.parametrize("kl", ["mc", "binary"])
+def test_sequence_regression_metric_is_finite_for_huge_advantages_in_float32(kl: str) -> None:
+    """Issue 46, item 7: with advantages ≥ 1e19 in float32, D² overflowed to inf (and the
+    mc U-statistic's inf − inf gave NaN); the metric is computed in float64. One row,
+    seq-mean-token-mean (W = 1): D = R − β·(small terms) rounds to R in float32 and float64
+    alike, so the metric is R²/(2β) (the mc variance term is 0: the D_j are equal)."""
+    f32 = torch.float32
+    r = float(torch.tensor(1e19, dtype=f32))  # 9.99999980506e18, R as float32 holds it
+    lp = torch.tensor(LP, dtype=f32, requires_grad=True)
+    extras = {
+        "aux_logprobs": torch.tensor(AUX_P, dtype=f32),
+        "aux_old_logprobs": torch.tensor(AUX_Q, dtype=f32),
+    }
+    mask = torch.ones(lp.shape, dtype=torch.bool)
+    ep, turn = torch.arange(1), torch.zeros(1, dtype=torch.long)
+    w = aggregation_weights(mask, "seq-mean-token-mean", episode=ep, turn=turn).to(f32)
+    adv = torch.full(lp.shape, r, dtype=f32)
+    inp = LossInputs(lp, torch.tensor(OLD, dtype=f32), adv, mask, w, ep, turn, extras=extras)
+    _, metrics = get_loss("klpo_seq")(inp, beta=BETA, kl=kl)
+    value = metrics["loss/klpo_regression"].item()
+    assert math.isfinite(value) and value == pytest.approx(r * r / (2 * BETA), rel=1e-12)
+    assert metrics["policy/residual"].item() == pytest.approx(r, rel=1e-6)

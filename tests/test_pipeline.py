@@ -32,6 +32,7 @@ SPATIALCLI = ROOT / "pipelines" / "spatialcli.yaml"
 # --------------------------------------------------------------- resume (test kinds)
 CALLS: dict[str, int] = {"make": 0, "use": 0}
 FAIL_USE = {"on": True}
+MADE = {"value": "21"}  # what test_make writes
 
 
 @dataclass
@@ -42,7 +43,7 @@ class _UseParams:
 @register_stage("test_make", makes=("policy",))
 def _make(ctx: StageContext) -> StageResult:
     CALLS["make"] += 1
-    (ctx.folder / "weights.txt").write_text("21")
+    (ctx.folder / "weights.txt").write_text(MADE["value"])
     return StageResult({"policy": "weights.txt"}, [("value", 21)])
 
 
@@ -108,6 +109,83 @@ def test_a_finished_stage_is_skipped_on_resume(tmp_path: Path) -> None:
         run_pipeline(changed, resume=True, quiet=True)
     with pytest.raises(PipelineError, match="holds no pipeline run to resume"):
         run_pipeline(load_pipeline(path, [f"runs_dir={tmp_path / 'other'}"]), resume=True)
+
+
+def _two_finished(tmp_path: Path) -> tuple[Path, Path]:
+    """TWO_STAGES run to its end; returns the file and the pipeline folder."""
+    FAIL_USE["on"] = False
+    MADE["value"] = "21"
+    path = _write(tmp_path / "two.yaml", TWO_STAGES)
+    run_pipeline(load_pipeline(path, [f"runs_dir={tmp_path / 'runs'}"]), quiet=True)
+    return path, tmp_path / "runs" / "two"
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        ("20", "was changed after it was written (its SHA-256 differs)"),
+        ("2", "has 1 bytes, 2 were written"),
+        (None, "is missing"),
+    ],
+)
+def test_resume_checks_the_content_of_finished_stages_outputs(
+    damage: str | None, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 46, item 6: a tampered but valid output was used silently (the held-out
+    success of the stage reading it went from 12.5 % to 0 %), a truncated one gave a
+    traceback. Each output's size and SHA-256 are recorded in ``stage.json``, and
+    ``--resume`` names the file that changed before any stage reads it."""
+    path, folder = _two_finished(tmp_path)
+    weights = folder / "first" / "weights.txt"
+    marker = json.loads((folder / "first" / "stage.json").read_text())
+    assert marker["artefacts"] == {
+        "weights.txt": {
+            "bytes": 2,
+            "sha256": "6f4b6612125fb3a0daecd2799dfd6c9c299424fd920f9b308110a2c1fbd8f443",
+        }
+    }
+    (folder / "second" / "stage.json").unlink()  # the second stage will read it again
+    if damage is None:
+        weights.unlink()
+    else:
+        weights.write_text(damage)
+    code = pipeline_main([str(path), "--resume", f"runs_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"stage 'first' of {folder} finished, but its output {weights} {problem}" in err
+    assert f"delete {folder / 'first'} and resume" in err
+    assert not (folder / "second" / "stage.json").exists()
+
+
+def test_a_damaged_stage_json_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, folder = _two_finished(tmp_path)
+    marker = folder / "first" / "stage.json"
+    marker.write_text(marker.read_text()[:40])
+    code = pipeline_main([str(path), "--resume", f"runs_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (
+        f"error: {marker} is damaged (not the JSON record of a finished stage); delete "
+        f"{folder / 'first'} and resume to run that stage again\n"
+    )
+
+
+def test_a_stage_whose_input_was_made_again_differently_runs_again(tmp_path: Path) -> None:
+    path, folder = _two_finished(tmp_path)
+    spec = load_pipeline(path, [f"runs_dir={tmp_path / 'runs'}"])
+    (folder / "first" / "stage.json").unlink()  # killed: the first stage runs again ...
+    MADE["value"] = "22"  # ... and makes other content
+    said: list[str] = []
+    res = run_pipeline(spec, resume=True, quiet=True, say=said.append)
+    assert [s.status for s in res.stages] == ["ran", "ran"]
+    assert "stage second (test_use): its policy changed since it finished; running it again" in said
+    assert res.stage("second").summary == {"value": 44}
+    MADE["value"] = "21"
+    (folder / "first" / "stage.json").unlink()  # made again, the same content as recorded
+    res = run_pipeline(spec, resume=True, quiet=True, say=lambda _: None)
+    assert [s.status for s in res.stages] == ["ran", "ran"]  # 21 ≠ the 22 second read
+    (folder / "first" / "stage.json").unlink()
+    res = run_pipeline(spec, resume=True, quiet=True, say=lambda _: None)
+    assert [s.status for s in res.stages] == ["ran", "skipped"]  # same content: kept
 
 
 def test_digests_hash_the_settings_away_from_the_defaults() -> None:

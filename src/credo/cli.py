@@ -142,11 +142,28 @@ def check_run_files(run_dir: Path) -> None:
                         fh.get_slice(key)
         except Exception as exc:
             what = "empty" if path.stat().st_size == 0 else f"unreadable ({_first_line(exc)})"
-            raise UsageError(
-                f"{path} is {what}: --resume needs the run's latest checkpoint intact; delete "
-                f"{path.parent if ckpt and ckpt in path.parents else path} to resume from an "
-                "earlier checkpoint, or start a new run"
-            ) from None
+            raise UsageError(f"{path} is {what}: {_damaged_advice(run_dir, ckpt, path)}") from None
+
+
+def _damaged_advice(run_dir: Path, ckpt: Path | None, path: Path) -> str:
+    """What to do about a damaged file ``path`` that ``--resume`` would read. A damaged
+    checkpoint is deleted whole (a checkpoint without its ``policy/`` still counts as
+    one: deleting only that folder made the resume fail on the missing weights)."""
+    if ckpt is not None and ckpt in path.parents:
+        return (
+            f"--resume needs the run's latest checkpoint intact; delete {ckpt} (the whole "
+            "checkpoint) to resume from the one before it (or from the start), or start a "
+            "new run"
+        )
+    if path.name == "warmstart.json":
+        return (
+            f"delete {path} to resume without the warm start's held-out result (the weights "
+            "come from the checkpoint), or start a new run"
+        )
+    return (
+        f"{path.parent} holds the run's reference policy, which a resume cannot make again; "
+        "start a new run"
+    )
 
 
 def _run_dirs(runs_dir: Path) -> set[Path]:
@@ -178,8 +195,9 @@ def _first_line(exc: BaseException) -> str:
 def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
     """The config of ``--resume DIR`` (with ``train.iterations`` changed when asked) and
     whether the run is already finished at that length."""
-    from credo.train.checkpoint import latest_checkpoint
+    from credo.train.checkpoint import checkpoint_iteration, latest_checkpoint
     from credo.train.config import Config, apply_overrides
+    from credo.train.finish import unfinished_reason
 
     run_dir = Path(args.resume)
     cfg_path = run_dir / "config.yaml"
@@ -192,25 +210,26 @@ def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
             "--resume continues a run as configured; only train.iterations=N (or "
             f"--iterations N) may change, to extend it (got {', '.join(sorted(keys))})"
         )
+    from credo.utils.safe_yaml import read_yaml_file, yaml_problem
+
     try:
-        data = yaml.safe_load(cfg_path.read_text())
+        data = read_yaml_file(cfg_path)
     except yaml.YAMLError as exc:
-        raise UsageError(f"{cfg_path}: not valid YAML ({_first_line(exc)})") from None
+        raise UsageError(f"{cfg_path}{yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{cfg_path}: expected a mapping of config sections")
     saved = Config.from_dict(data)
     cfg = Config.from_dict(apply_overrides(data, extra))
     check_run_files(run_dir)
-    ckpt = latest_checkpoint(run_dir)
-    done = 0
-    if ckpt is not None:
-        done = int(json.loads((ckpt / "state.json").read_text()).get("iteration", 0))
+    done = checkpoint_iteration(latest_checkpoint(run_dir))
     if cfg.train.iterations < done:
         raise UsageError(
             f"train.iterations={cfg.train.iterations}: {run_dir} has already run {done} "
             "iterations; a run can be extended, not shortened"
         )
-    finished = (run_dir / "final_eval.json").exists() and done >= cfg.train.iterations
+    # finished: every artefact of the run's end is complete (credo.train.finish);
+    # otherwise the final evaluation and save are redone from the last checkpoint
+    finished = done >= cfg.train.iterations and unfinished_reason(run_dir, done) is None
     if finished and cfg.train.iterations != saved.train.iterations:
         finished = False
     return cfg, run_dir, finished
@@ -976,6 +995,7 @@ def main(argv: list[str] | None = None) -> int:
         return pipeline_main(argv[1:])
     args = parse_args(argv)
     from credo.train.config import ConfigError
+    from credo.utils.storage import StorageError, storage_problem
 
     try:
         return int(args.func(args) or 0)
@@ -991,6 +1011,13 @@ def main(argv: list[str] | None = None) -> int:
         FloatingPointError,
     ) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a full disk, a read-only folder: one line, not a traceback
+        refused = storage_problem(exc)
+        if refused is None:
+            raise
+        line = str(exc) if isinstance(exc, StorageError) else refused[1]
+        print(f"error: {' '.join(line.split())}", file=sys.stderr)
         return 2
 
 

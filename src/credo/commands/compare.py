@@ -41,14 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from credo.eval.passk import check_ks
+from credo.train.checkpoint import checkpoint_iteration, latest_checkpoint
 from credo.train.config import Config, ConfigError, load_config
+from credo.train.finish import unfinished_reason
 from credo.train.logging import read_metrics
 from credo.train.loop import train
-from credo.utils.atomic import write_text_atomic
+from credo.utils.atomic import write_file_atomic, write_text_atomic
 from credo.utils.markdown import markdown_table
+from credo.utils.safe_yaml import read_yaml_file
 
 __all__ = ["Arm", "RecipeSummary", "RunFailed", "arms_from_recipes", "compare", "split_overrides"]
 
@@ -177,13 +178,15 @@ def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
     if not _finished(run_dir):
         resume = _resumable(run_dir)
         if resume is not None:
-            cfg = Config.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+            cfg = Config.from_dict(read_yaml_file(run_dir / "config.yaml"))
         train(cfg, resume=resume, quiet=True)
     return _result(run_dir)
 
 
 def _finished(run_dir: Path) -> bool:
-    return (run_dir / "final_eval.json").exists()
+    """Every artefact of the run is complete (:mod:`credo.train.finish`)."""
+    done = checkpoint_iteration(latest_checkpoint(run_dir))
+    return unfinished_reason(run_dir, done) is None
 
 
 def _resumable(run_dir: Path) -> Path | None:
@@ -613,8 +616,12 @@ def _write(
     ax.legend(fontsize=8)
     ax.set_title(f"credo compare ({len(seeds)} seeds; band = min–max over seeds)")
     fig.tight_layout()
-    fig.savefig(out_dir / "compare.png", dpi=110)
-    plt.close(fig)
+    try:
+        write_file_atomic(
+            out_dir / "compare.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png")
+        )
+    finally:
+        plt.close(fig)
 
 
 def summary_table_rows(summaries: list[RecipeSummary]) -> tuple[list[str], list[list[str]]]:

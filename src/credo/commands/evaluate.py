@@ -10,12 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from credo.train.checkpoint import latest_checkpoint
 from credo.train.config import Config, apply_overrides, load_config
 from credo.train.run import add_adapters, build_run
 from credo.train.warmstart import warm_start
+from credo.utils.safe_yaml import read_yaml_file
 
 __all__ = ["evaluate_target"]
 
@@ -51,7 +50,7 @@ def evaluate_target(
         cfg_path = Path(run_dir) / "config.yaml"
         if not cfg_path.exists():
             raise ValueError(f"{run_dir} is not a run folder (no config.yaml)")
-        cfg = Config.from_dict(apply_overrides(yaml.safe_load(cfg_path.read_text()), extra))
+        cfg = Config.from_dict(apply_overrides(read_yaml_file(cfg_path), extra))
         folder, label = _trained_folder(Path(run_dir))
         if (folder / "adapter_config.json").exists():
             run = build_run(cfg)

@@ -42,6 +42,7 @@ from credo.commands.compare import Arm, RecipeSummary, compare
 from credo.train.config import ConfigError
 from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table
+from credo.utils.safe_yaml import read_yaml_file, yaml_problem
 
 __all__ = ["VERDICTS", "Study", "load_study", "run_study", "write_index", "write_page"]
 
@@ -124,13 +125,9 @@ def load_study(path: str | Path) -> Study:
             f"study {path}: no such file (studies are YAML files, e.g. studies/*.yaml)"
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml_file(path)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(
-            f"study {path}{where}: {getattr(exc, 'problem', None) or 'not valid YAML'}"
-        ) from None
+        raise ConfigError(f"study {path}{yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise _fail(path, "must be a mapping of fields (title, claim, arms, ...)")
     unknown = sorted(set(data) - _KEYS)

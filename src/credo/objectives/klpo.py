@@ -299,6 +299,16 @@ def klpo(
     return loss, metrics
 
 
+def _u_statistic(resid: torch.Tensor, beta: float) -> torch.Tensor:
+    """``(D̄² − Var_j(D)/(M−1)) / (2β)`` per sequence from the ``[num, M]`` residuals
+    ``D_j``, in float64: it is a reported number, not a gradient, and squaring residuals
+    of 1e19 (advantages that large) overflows float32 to inf, and inf − inf is NaN."""
+    d = resid.double()
+    d_bar = d.mean(-1)
+    centred = d - d_bar[:, None]
+    return (d_bar.square() - centred.square().mean(-1) / (d.shape[-1] - 1)) / (2 * beta)
+
+
 @register_loss("klpo_seq", requires=_needs_sampler_draws(min_aux=2))
 def klpo_seq(
     inputs: LossInputs,
@@ -358,7 +368,7 @@ def klpo_seq(
             d_bar = resid.mean(-1)
             centred = resid - d_bar[:, None]
             other = d_bar[:, None] - centred / (n_draws - 1)  # D_{−j}
-            regression = (d_bar.square() - centred.square().mean(-1) / (n_draws - 1)) / (2 * beta)
+            regression = _u_statistic(resid, beta)
         corrected = seg(cur.sum(1))[:, None] - seg(p_aux.sum(1))  # [num, M]
         loss_seq = -(other * corrected).mean(-1)
         d_report = d_bar
@@ -375,13 +385,13 @@ def klpo_seq(
             score = seg((cur + k_tok).sum(1))
         with torch.no_grad():
             d_report = ret_seq - beta * seg(ell_plus_k.sum(1))
-            regression = d_report.square() / (2 * beta)
+            regression = d_report.double().square() / (2 * beta)  # float64: see _u_statistic
         loss_seq = -d_report * score
     loss = (weight * loss_seq).sum()
     metrics = policy_metrics(
         loss=loss, weights=w, token_log_ratio=ell, entropy=inputs.entropy, mask=m
     )
-    metrics["loss/klpo_regression"] = (weight * regression).sum()
+    metrics["loss/klpo_regression"] = (weight.double() * regression).sum()
     metrics["policy/residual"] = (weight * d_report).sum()
     metrics["policy/sampler_kl"] = (w * torch.where(m, kl_tok, torch.zeros_like(kl_tok))).sum()
     return loss, metrics

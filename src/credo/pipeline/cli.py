@@ -53,7 +53,9 @@ def main(argv: list[str], prog: str = "credo pipeline") -> int:
         return int(exc.code or 0)
     from credo.pipeline import PipelineError, StageInterrupted, load_pipeline, run_pipeline
     from credo.train.config import ConfigError
+    from credo.utils.storage import storage_fix, storage_problem
 
+    spec = None
     try:
         spec = load_pipeline(args.file, overrides)
         result = run_pipeline(spec, resume=args.resume, quiet=args.quiet, say=_say)
@@ -64,6 +66,18 @@ def main(argv: list[str], prog: str = "credo pipeline") -> int:
         return 130
     except (PipelineError, ConfigError, FileExistsError, FileNotFoundError, ValueError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a full disk, a read-only folder: one line, not a traceback
+        refused = storage_problem(exc)
+        if refused is None:
+            raise
+        code, line = refused
+        resume = shlex.join([*prog.split(), args.file, "--resume", *overrides])
+        fix = storage_fix(code, spec.folder if spec is not None else Path(args.file).parent)
+        print(
+            f"error: {line}; finished stages are kept: {fix} and continue with: {resume}",
+            file=sys.stderr,
+        )
         return 2
     print((result.folder / "summary.md").read_text(), end="")
     print(f"pipeline folder: {result.folder}")

@@ -3,17 +3,21 @@
 The pipeline folder (``runs_dir/name``) holds ``pipeline.yaml`` (the file as run, with
 the command line), ``summary.md``/``summary.csv`` (one row per stage, rewritten after
 each stage), and one folder per stage with that stage's outputs and its table
-(``table.md``, ``table.csv``). A stage that finishes writes ``stage.json`` (its digest,
-outputs, summary and time) last, by temp-and-rename: that file *is* the mark of a
-finished stage. ``--resume`` skips every marked stage whose digest is unchanged and
-runs the others; an unfinished stage restarts, or continues where its kind can (the RL
-stage continues its training run from the last checkpoint). The folder is locked
+(``table.md``, ``table.csv``). Every file a stage leaves is written by temp-and-rename.
+A stage that finishes writes ``stage.json`` (its digest, outputs, summary, time and the
+size and SHA-256 of every file of its outputs) last: that file *is* the mark of a
+finished stage. ``--resume`` skips every marked stage whose digest is unchanged and whose
+outputs are still the files it wrote (a damaged, truncated or replaced output stops the
+pipeline with one line naming the file, before any later stage reads it), and runs the
+others; an unfinished stage restarts, or continues where its kind can (the RL stage
+continues its training run from the last checkpoint). The folder is locked
 (:class:`~credo.utils.lock.RunLock`) while a pipeline runs in it.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import time
@@ -26,7 +30,8 @@ import yaml
 
 from credo.pipeline.registry import STAGES, StageContext, StageResult
 from credo.pipeline.spec import PipelineError, PipelineSpec, StageSpec
-from credo.utils.atomic import write_text_atomic
+from credo.utils.atomic import remove_leftovers, write_text_atomic
+from credo.utils.digest import digest_problem, digests
 from credo.utils.lock import RunLock
 from credo.utils.markdown import markdown_table
 
@@ -59,6 +64,10 @@ class StageRecord:
         outputs: output name → absolute path.
         summary: its summary numbers (:attr:`StageResult.summary`).
         seconds: its wall time (when it ran, in this or an earlier invocation).
+        artefacts: size and SHA-256 of every file of its outputs, by path relative to its
+            folder (:func:`~credo.utils.digest.digests`).
+        inputs: reference name → fingerprint of the input it was made from
+            (:func:`fingerprint`); a finished stage whose inputs changed since runs again.
     """
 
     name: str
@@ -67,6 +76,17 @@ class StageRecord:
     outputs: dict[str, Path] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    artefacts: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)
+
+
+def fingerprint(record: StageRecord, output: str, folder: Path) -> str:
+    """A short hash of the digests of ``record``'s ``output`` (every file under it;
+    ``folder``: the stage's folder): equal for equal content, so that a stage made from
+    that output can tell whether it changed since."""
+    rel = record.outputs[output].relative_to(folder).as_posix()
+    files = {k: v for k, v in record.artefacts.items() if k == rel or k.startswith(rel + "/")}
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -123,9 +143,15 @@ def run_pipeline(
         records: list[StageRecord] = []
         for stage in spec.stages:
             if stage.name in done:
-                records.append(done[stage.name])
-                say(f"stage {stage.name} ({stage.kind}): finished earlier, skipped")
-                continue
+                changed = _changed_inputs(spec, stage, done[stage.name], records)
+                if not changed:
+                    records.append(done[stage.name])
+                    say(f"stage {stage.name} ({stage.kind}): finished earlier, skipped")
+                    continue
+                say(
+                    f"stage {stage.name} ({stage.kind}): its {', '.join(changed)} changed "
+                    "since it finished; running it again"
+                )
             records.append(_run_stage(spec, stage, records, quiet, say))
             _write_summary(spec, records)
         _write_summary(spec, records)
@@ -141,18 +167,77 @@ def _finished(spec: PipelineSpec) -> dict[str, StageRecord]:
         marker = spec.folder / stage.name / MARKER
         if not marker.exists():
             continue
-        meta = json.loads(marker.read_text())
+        meta = _read_marker(marker, spec.folder / stage.name)
         if meta.get("digest") != stage.digest:
             raise PipelineError(
                 f"stage {stage.name!r} of {spec.folder} finished with another config, kind, "
                 "params or input; start a new pipeline (name=NEW_NAME) or delete "
                 f"{spec.folder / stage.name} to run it again"
             )
+        problem = digest_problem(spec.folder / stage.name, meta.get("artefacts", {}))
+        if problem is not None:
+            raise PipelineError(
+                f"stage {stage.name!r} of {spec.folder} finished, but its output {problem}; "
+                f"delete {spec.folder / stage.name} and resume to make it again"
+            )
         outputs = {k: spec.folder / stage.name / v for k, v in meta["outputs"].items()}
         out[stage.name] = StageRecord(
-            stage.name, stage.kind, "skipped", outputs, meta.get("summary", {}), meta["seconds"]
+            stage.name,
+            stage.kind,
+            "skipped",
+            outputs,
+            meta.get("summary", {}),
+            meta["seconds"],
+            meta.get("artefacts", {}),
+            meta.get("inputs", {}),
         )
     return out
+
+
+def _input_prints(
+    spec: PipelineSpec, stage: StageSpec, records: list[StageRecord]
+) -> dict[str, str]:
+    """The fingerprint of each of ``stage``'s inputs as the earlier stages' records stand."""
+    out = {}
+    for ref, source in stage.refs.items():
+        rec = next(r for r in records if r.name == source)
+        if ref in rec.outputs:
+            out[ref] = fingerprint(rec, ref, spec.folder / source)
+    return out
+
+
+def _changed_inputs(
+    spec: PipelineSpec, stage: StageSpec, done: StageRecord, records: list[StageRecord]
+) -> list[str]:
+    """The inputs of finished stage ``stage`` that differ from those it was made from
+    (an earlier stage ran again and made other content); none for a stage.json of an
+    older credo, which recorded none."""
+    if not done.inputs:
+        return []
+    now = _input_prints(spec, stage, records)
+    return sorted(ref for ref, was in done.inputs.items() if now.get(ref) != was)
+
+
+def _read_marker(marker: Path, folder: Path) -> dict[str, Any]:
+    """A stage's ``stage.json``, checked to be what :func:`_run_stage` writes (one line
+    naming the file otherwise)."""
+    try:
+        meta = json.loads(marker.read_text())
+        ok = (
+            isinstance(meta, dict)
+            and isinstance(meta.get("outputs"), dict)
+            and all(isinstance(v, str) for v in meta["outputs"].values())
+            and isinstance(meta.get("seconds"), (int, float))
+            and isinstance(meta.get("artefacts", {}), dict)
+        )
+    except (OSError, ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise PipelineError(
+            f"{marker} is damaged (not the JSON record of a finished stage); delete {folder} "
+            "and resume to run that stage again"
+        )
+    return meta
 
 
 def _run_stage(
@@ -166,6 +251,7 @@ def _run_stage(
     folder = spec.folder / stage.name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MARKER).unlink(missing_ok=True)
+    remove_leftovers(folder)  # what a killed earlier attempt was writing
     inputs = {}
     for ref, source in stage.refs.items():
         path = next(r for r in records if r.name == source).outputs.get(ref)
@@ -175,6 +261,7 @@ def _run_stage(
                 f"delete {spec.folder / source} and resume to make it again"
             )
         inputs[ref] = path
+    prints = _input_prints(spec, stage, records)
     say(f"stage {stage.name} ({stage.kind}): running")
     start = time.perf_counter()
     ctx = StageContext(stage.name, stage.cfg, folder, inputs, stage.params, quiet)
@@ -188,12 +275,23 @@ def _run_stage(
         "summary": result.summary,
         "seconds": round(seconds, 3),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "artefacts": digests(folder, sorted(result.outputs.values())),
+        "inputs": prints,
     }
     write_text_atomic(folder / MARKER, json.dumps(marker, indent=1))
     line = _success_text(result.summary)
     say(f"stage {stage.name} ({stage.kind}): done in {seconds:.1f} s{line}")
     outputs = {k: folder / v for k, v in result.outputs.items()}
-    return StageRecord(stage.name, stage.kind, "ran", outputs, result.summary, seconds)
+    return StageRecord(
+        stage.name,
+        stage.kind,
+        "ran",
+        outputs,
+        result.summary,
+        seconds,
+        marker["artefacts"],
+        prints,
+    )
 
 
 def _success_text(summary: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """A pipeline file: its stages, their configs and references, read and checked before any
 compute.
 
-A pipeline is one YAML file (read with ``safe_load``)::
+A pipeline is one YAML file (read as bounded safe YAML, :mod:`credo.utils.safe_yaml`)::
 
     name: spatialcli          # the pipeline's folder under runs_dir (default: file stem)
     runs_dir: runs            # default runs
@@ -45,6 +45,7 @@ from credo.pipeline.registry import STAGES, StageKind
 from credo.train.config import Config, ConfigError, config_hash, load_config
 from credo.train.run import env_factory
 from credo.utils.registry import unknown_name_message
+from credo.utils.safe_yaml import load_yaml, read_yaml_file, yaml_problem
 
 __all__ = ["PipelineError", "PipelineSpec", "StageSpec", "load_pipeline"]
 
@@ -154,13 +155,9 @@ def load_pipeline(path: str | Path, overrides: list[str] | None = None) -> Pipel
     if not path.is_file():
         raise PipelineError(f"pipeline file {path} does not exist (give a .yaml pipeline file)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml_file(path)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise PipelineError(
-            f"pipeline {path}{where}: {getattr(exc, 'problem', None) or 'not valid YAML'}"
-        ) from None
+        raise PipelineError(f"pipeline {path}{yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise PipelineError(f"pipeline {path} must be a mapping with a `stages:` list")
     data, late = _apply_cli(data, list(overrides or []), path)
@@ -323,9 +320,11 @@ def _apply_cli(
         if not eq or not key.strip():
             raise PipelineError(f"override {item!r} must look like key.sub=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            raise PipelineError(f"override {item!r}: cannot parse the value") from None
+            value = load_yaml(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise PipelineError(
+                f"override {item!r}: cannot parse the value{yaml_problem(exc)}"
+            ) from None
         key = key.strip()
         if key in ("name", "runs_dir"):
             data[key] = value

@@ -17,7 +17,6 @@ command that does the work (``credo sft``'s warm start, ``credo train``, ``credo
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from credo.train.loop import train
 from credo.train.progress import Progress
 from credo.train.run import build_run
 from credo.train.warmstart import sft_steps, warm_start
-from credo.utils.atomic import temp_path, write_text_atomic
+from credo.utils.atomic import replace_dir, write_text_atomic
 
 __all__ = ["EvalParams", "RLParams", "eval_rows", "eval_summary", "save_policy"]
 
@@ -67,16 +66,10 @@ def eval_summary(ev: EvalResult) -> dict[str, Any]:
 
 
 def save_policy(policy: Any, final: Path) -> None:
-    """Save ``policy`` as the folder ``final`` (written aside, then renamed into place;
-    an earlier attempt's folder is replaced)."""
-    tmp = temp_path(final)
-    try:
-        policy.save(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Save ``policy`` as the folder ``final`` by temp-and-rename
+    (:func:`~credo.utils.atomic.replace_dir`; an earlier attempt's folder is replaced only
+    once the new one is complete)."""
+    replace_dir(final, policy.save)
 
 
 def _write_eval(path: Path, ev: EvalResult) -> None:

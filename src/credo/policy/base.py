@@ -11,12 +11,19 @@ import torch
 __all__ = ["Generation", "Policy", "SamplingParams", "SessionPolicy"]
 
 
+#: The smallest positive sampling temperature: the logits are divided by it, and below
+#: this a float32 logit can overflow to inf (a request at 1e-308 turned the sampling
+#: distribution into NaN); 0 means greedy.
+MIN_TEMPERATURE = 1e-3
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample a response.
 
     Attributes:
-        temperature: softmax temperature; 0 means greedy (argmax). Default 1.0.
+        temperature: softmax temperature; 0 means greedy (argmax), else at least
+            :data:`MIN_TEMPERATURE`. Default 1.0.
         top_p: nucleus sampling mass (1.0 = off). Log-probs are always those of the
             temperature-scaled full distribution, as the trainer computes them.
         max_new_tokens: cap on the response length (the end-of-action token included).
@@ -33,8 +40,11 @@ class SamplingParams:
     topk_logprobs: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+        if self.temperature != 0 and not MIN_TEMPERATURE <= self.temperature < float("inf"):
+            raise ValueError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
+                f"{self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:

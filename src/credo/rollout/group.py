@@ -254,16 +254,17 @@ def take_step(
     turn = len(r.episode.steps) + 1
 
     def act() -> tuple[Any, str]:
-        if r.snapshots is not None:
-            r.snapshots.append(snapshot_env(r.env))
         tr = step_env(r.env, action)
         check_step_result(r.env, tr.result, task=r.task.id, turn=turn)
         return tr, read_instruction(r.env, r.instruction)
 
     try:
+        if r.snapshots is not None:  # its own guarded call: a failure is named `snapshot`
+            snap = env_call(lambda: snapshot_env(r.env), task=r.task.id, turn=turn, call="snapshot")
+            r.snapshots.append(snap)
         tr, instruction = env_call(act, task=r.task.id, turn=turn, call="step")
     except EnvCallError as exc:
-        r.fail("step", exc.cause)
+        r.fail(exc.record.call, exc.cause)
         if r.episode.steps:
             r.episode.steps[-1].terminal = True
         return False

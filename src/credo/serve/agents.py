@@ -223,8 +223,14 @@ def run_agent_episodes(
     requests = 0
     for i, task in enumerate(tasks):
         for sid, (reward, success, error) in zip(sessions[i], outcomes[i]):
+            partial = recorder.lost(sid)  # checked before pop: the calls may be dropped
             calls = recorder.pop(sid)
             requests += len(calls)
+            if partial and error is None:  # never an episode from a partial recording
+                error = (
+                    f"the server's recorder dropped calls of this session (over its bound of "
+                    f"{recorder.max_calls} calls, SessionRecorder(max_calls=...))"
+                )
             episodes.append(
                 session_to_episode(
                     calls,

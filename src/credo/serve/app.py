@@ -5,6 +5,16 @@ Errors use OpenAI's format (``{"error": {"message", "type", "param", "code"}}``)
 server's one-line message. With an API key set, every ``/v1`` route needs
 ``Authorization: Bearer <key>``.
 
+Without an API key (which only a loopback server may lack), the server answers only
+requests that come from this machine's own programs, not from a web page a browser shows
+(which could otherwise reach a loopback server: a page of another site posting to it
+(CSRF), or a site whose name is made to resolve to 127.0.0.1 (DNS rebinding)): the
+``Host`` header must name a loopback address (``localhost``, ``127.0.0.1``, ``[::1]``) or
+one of ``allowed_hosts``, an ``Origin`` header (browsers send one with every cross-site
+request) must name one too, else 403; and a POST body must be sent as
+``application/json``, which a page cannot send to another site without the CORS
+permission this server never gives (else 415).
+
 Session ids come from the ``X-Credo-Session`` header, else the ``user`` field; requests
 without one are served but not recorded. ``X-Credo-State`` (optional) is the agent's state
 key for the turn (see :mod:`credo.serve.recorder`).
@@ -21,18 +31,20 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from credo.serve.engine import ChoiceResult, CompletionResult, GenerationEngine
-from credo.serve.protocol import ChatRequest, RequestError, parse_chat_request
+from credo.serve.protocol import ChatRequest, RequestError, decode_body, parse_chat_request
 from credo.serve.recorder import RecordedCall, RecordedChoice, SessionRecorder
 
 __all__ = ["SESSION_HEADER", "STATE_HEADER", "create_app"]
@@ -44,9 +56,13 @@ STATE_HEADER = "x-credo-state"
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
 }
+#: Host names that always mean this machine.
+LOOPBACK_NAMES = frozenset({"localhost"})
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -70,7 +86,7 @@ class _TrackedStream(StreamingResponse):
     def __init__(
         self,
         content: AsyncIterator[str],
-        recorder: SessionRecorder,
+        recorder: SessionRecorder | None,
         call: RecordedCall | None,
         state: dict[str, bool],
     ) -> None:
@@ -81,11 +97,85 @@ class _TrackedStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if not self._state["finished"]:
+            if not self._state["finished"] and self._recorder is not None:
                 self._recorder.mark_undelivered(self._call)
                 aclose = getattr(self.body_iterator, "aclose", None)
                 if aclose is not None:
                     await aclose()
+
+
+def _host_name(value: str) -> str:
+    """The host of a ``Host`` header (``127.0.0.1:8000``, ``[::1]:8000``, ``localhost``),
+    lower-case, without its port, brackets or trailing dot."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        value = value.rsplit(":", 1)[0]
+    return value.rstrip(".")
+
+
+def _origin_host(origin: str) -> str | None:
+    """The host of an ``Origin`` header (``None`` for ``null`` or a malformed one)."""
+    try:
+        return urlsplit(origin.strip()).hostname
+    except ValueError:
+        return None
+
+
+def _is_local(host: str | None, allowed: frozenset[str]) -> bool:
+    if not host:
+        return False
+    if host in LOOPBACK_NAMES or host in allowed:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _SameMachine:
+    """ASGI middleware: without an API key, refuse requests a browser page could send
+    (module docstring); every POST must carry a JSON body. A refused request never reaches
+    the app (nothing is read, generated or recorded)."""
+
+    def __init__(self, app: Any, *, keyed: bool, allowed_hosts: frozenset[str]) -> None:
+        self.app, self.keyed, self.allowed = app, keyed, allowed_hosts
+
+    def _refusal(self, scope: dict[str, Any]) -> JSONResponse | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if not self.keyed:
+            host = headers.get("host")
+            if host is not None and not _is_local(_host_name(host), self.allowed):
+                return _error(
+                    403,
+                    f"Host {host!r} is not this server: without an API key it answers only "
+                    "requests to localhost, 127.0.0.1 or [::1] (or to --allow-host names)",
+                )
+            origin = headers.get("origin")
+            if origin is not None and not _is_local(_origin_host(origin), self.allowed):
+                return _error(
+                    403,
+                    f"Origin {origin!r} is another site: without an API key this server "
+                    "answers only its own machine's programs, not web pages",
+                )
+        if scope["method"] == "POST":
+            media = headers.get("content-type", "").split(";")[0].strip().lower()
+            if media != "application/json":
+                return _error(
+                    415,
+                    f"the request body must be sent as Content-Type: application/json, got "
+                    f"{media or 'none'!r}",
+                )
+        return None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -132,22 +222,27 @@ def _usage(res: CompletionResult) -> dict[str, int]:
 
 def create_app(
     engine: GenerationEngine,
-    recorder: SessionRecorder,
+    recorder: SessionRecorder | None,
     *,
     api_key: str | None = None,
     model_name: str = "credo",
     request_timeout_s: float = 600.0,
     max_body_bytes: int = 32 * 2**20,
-) -> FastAPI:
-    """The app serving ``engine`` and recording into ``recorder``.
+    allowed_hosts: frozenset[str] | set[str] = frozenset(),
+) -> Any:
+    """The app serving ``engine`` and recording into ``recorder`` (an ASGI app: FastAPI's,
+    behind the same-machine guard of the module docstring).
 
     Args:
         engine: a started :class:`~credo.serve.engine.GenerationEngine`.
-        recorder: where sessions are recorded.
-        api_key: when set, ``/v1`` routes need ``Authorization: Bearer <api_key>``.
+        recorder: where sessions are recorded; ``None``: nothing is recorded.
+        api_key: when set, ``/v1`` routes need ``Authorization: Bearer <api_key>``;
+            without one, only requests from this machine's programs are answered.
         model_name: the id listed by ``/v1/models`` (requests may name any model).
         request_timeout_s: the longest a request waits for its generation (then 504).
         max_body_bytes: larger request bodies are refused with a 413 (default 32 MiB).
+        allowed_hosts: more host names that mean this server (``Host`` and ``Origin``
+            checks without an API key), e.g. a name in ``/etc/hosts``.
     """
     app = FastAPI(title="credo policy server", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -188,11 +283,7 @@ def create_app(
             return denied
         try:
             raw = await _read_body(request, max_body_bytes)
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise RequestError(f"the request body is not valid JSON: {exc}") from None
-            req = parse_chat_request(body)
+            req = parse_chat_request(decode_body(raw))
             fut = engine.submit(req)
             try:
                 res: CompletionResult = await asyncio.wait_for(
@@ -209,7 +300,7 @@ def create_app(
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
         session = request.headers.get(SESSION_HEADER) or req.user
         call = None
-        if session:
+        if session and recorder is not None:
             call = recorder.record(
                 session,
                 messages=req.messages,
@@ -234,7 +325,7 @@ def create_app(
         created = int(time.time())
         model = req.model or model_name
         if not req.stream:
-            if await request.is_disconnected():
+            if await request.is_disconnected() and recorder is not None:
                 recorder.mark_undelivered(call)
             return JSONResponse(
                 {
@@ -257,7 +348,8 @@ def create_app(
         state = {"finished": False}
         return _TrackedStream(_events(rid, created, model, req, res, state), recorder, call, state)
 
-    return app
+    allowed = frozenset(_host_name(h) for h in allowed_hosts)
+    return _SameMachine(app, keyed=api_key is not None, allowed_hosts=allowed)
 
 
 async def _events(

@@ -20,7 +20,13 @@ from typing import Any
 from credo.serve.protocol import RequestError
 from credo.serve.tools import format_tool_call, template_supports_tools, text_tools_message
 
-__all__ = ["FALLBACK_CHAT_TEMPLATE", "RenderedPrompt", "chat_template_of", "render_prompt"]
+__all__ = [
+    "FALLBACK_CHAT_TEMPLATE",
+    "RenderedPrompt",
+    "chat_template_of",
+    "render_prompt",
+    "render_text",
+]
 
 #: The template used when the tokenizer has none: ``role : content <eos>`` per message,
 #: then ``assistant :`` (the model's reply ends with its end-of-sequence token).
@@ -106,14 +112,16 @@ def _text(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[d
     return out
 
 
-def render_prompt(
+def render_text(
     tokenizer: Any,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     *,
     chat_template: str | None = None,
-) -> RenderedPrompt:
-    """Render ``messages`` (validated OpenAI messages) and ``tools`` into prompt ids.
+) -> tuple[str, bool]:
+    """The prompt text of ``messages`` (validated OpenAI messages) and ``tools``, and
+    whether the tools went through the template natively, before any tokenising (the
+    engine checks its length against the context first: :mod:`credo.serve.bounds`).
 
     Raises:
         RequestError: the template rejects the conversation (e.g. roles that must
@@ -121,13 +129,29 @@ def render_prompt(
     """
     template = chat_template_of(tokenizer, chat_template)
     native = template_supports_tools(template)
-    msgs = _native(messages) if native else _text(messages, tools or [])
-    kwargs: dict[str, Any] = {"tools": tools} if native and tools else {}
     try:
+        msgs = _native(messages) if native else _text(messages, tools or [])
+        kwargs: dict[str, Any] = {"tools": tools} if native and tools else {}
         text = tokenizer.apply_chat_template(
             msgs, tokenize=False, add_generation_prompt=True, chat_template=template, **kwargs
         )
+    except RecursionError:  # tools nested too deep for the template or JSON
+        raise RequestError(
+            "the tools or messages are nested too deeply to render", "tools"
+        ) from None
     except Exception as exc:  # jinja's TemplateError and raise_exception() in templates
         raise RequestError(f"the chat template rejected the messages: {exc}", "messages") from None
+    return text, native
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    chat_template: str | None = None,
+) -> RenderedPrompt:
+    """Render ``messages`` and ``tools`` (:func:`render_text`) and tokenise the text."""
+    text, native = render_text(tokenizer, messages, tools, chat_template=chat_template)
     ids = tokenizer.encode(text, add_special_tokens=False)
     return RenderedPrompt(text=text, ids=list(ids), native_tools=native)

@@ -1,8 +1,10 @@
 """The generation engine: one thread that owns the model and batches concurrent requests.
 
 Every request becomes a job on a queue. The engine thread takes the first waiting job,
-waits ``batch_wait_s`` for more (up to ``max_batch`` sequences), renders and tokenises
-their prompts, and samples all choices of all jobs that share sampling parameters in one
+waits ``batch_wait_s`` for more (up to ``max_batch`` sequences), renders their prompts,
+refuses those certainly over the model's context or longer than it tokenises before
+tokenising them (:mod:`credo.serve.bounds`: a 30 MB prompt costs a regex scan, not a
+minute of CPU), tokenises the others, and samples all choices of all jobs that share sampling parameters in one
 ``policy.generate`` call (G agents talking to the server at once cost one batched
 generation per turn, as the built-in samplers do). Tokenisation, generation and decoding
 all run on this one thread, so the tokenizer and the model are never used concurrently.
@@ -25,7 +27,8 @@ from typing import Any
 import torch
 
 from credo.policy.base import Generation, SamplingParams
-from credo.serve.chat import render_prompt
+from credo.serve.bounds import FALLBACK_BYTES_PER_TOKEN, PromptBound
+from credo.serve.chat import RenderedPrompt, render_text
 from credo.serve.protocol import ChatRequest, RequestError
 from credo.serve.tools import parse_tool_calls
 
@@ -52,6 +55,12 @@ class EngineConfig:
         topk_logprobs: K > 0 also records the K most likely tokens per position (KLPO's
             top-K KL) as ``token_data["topk_ids"]`` / ``["topk_old_logprobs"]``.
         chat_template: a template replacing the tokenizer's (default ``None``).
+        max_prompt_bytes: the longest rendered prompt (UTF-8 bytes) the engine tokenises;
+            longer ones get a 400 unread (default ``None``: the context times the
+            tokenizer's bytes per token when it has a certain bound, which refuses only
+            prompts certainly over the context, else times
+            :data:`~credo.serve.bounds.FALLBACK_BYTES_PER_TOKEN`; no cap when the model's
+            context is unknown).
     """
 
     max_batch: int = 64
@@ -63,6 +72,7 @@ class EngineConfig:
     aux_samples: int = 0
     topk_logprobs: int = 0
     chat_template: str | None = None
+    max_prompt_bytes: int | None = None
 
     @classmethod
     def from_sampling(cls, sampling: SamplingParams, **kwargs: Any) -> EngineConfig:
@@ -86,6 +96,8 @@ class EngineConfig:
             raise ValueError(f"batch_wait_s must be in [0, 1] seconds, got {self.batch_wait_s}")
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be ≥ 1, got {self.default_max_tokens}")
+        if self.max_prompt_bytes is not None and self.max_prompt_bytes < 1:
+            raise ValueError(f"max_prompt_bytes must be ≥ 1, got {self.max_prompt_bytes}")
 
 
 @dataclass
@@ -176,6 +188,13 @@ class GenerationEngine:
         self.config = config or EngineConfig()
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         self.context = _context_size(policy)
+        #: lower bounds on a prompt's tokens that hold for this tokenizer (credo.serve.bounds)
+        self.bound = PromptBound.of(getattr(policy, "tokenizer", None))
+        #: the longest rendered prompt, in UTF-8 bytes, the engine tokenises
+        self.max_prompt_bytes = self.config.max_prompt_bytes
+        if self.max_prompt_bytes is None and self.context is not None:
+            per_token = self.bound.bytes_per_token or FALLBACK_BYTES_PER_TOKEN
+            self.max_prompt_bytes = per_token * self.context
         self.stop_ids = set(getattr(policy, "stop_ids", []))
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -261,15 +280,38 @@ class GenerationEngine:
             if stop:
                 return
 
+    def _check_length(self, text: str) -> None:
+        """Refuse (400) a rendered prompt that is certainly over the context, or longer
+        than the engine tokenises, before tokenising it (:mod:`credo.serve.bounds`)."""
+        if self.context is not None:
+            floor = self.bound.min_tokens(text, self.context)
+            if floor >= self.context:
+                raise RequestError(
+                    f"the prompt has at least {floor} tokens (counted without tokenising "
+                    f"it); the model's context is {self.context} tokens, leaving no room "
+                    "for a reply",
+                    "messages",
+                )
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if self.max_prompt_bytes is not None and size > self.max_prompt_bytes:
+            raise RequestError(
+                f"the prompt is {size:,} bytes: more than this server tokenises "
+                f"({self.max_prompt_bytes:,} bytes)",
+                "messages",
+            )
+
     def _prepare(self, job: _Job) -> bool:
         req = job.request
         try:
-            job.prompt = render_prompt(
+            text, native = render_text(
                 self.policy.tokenizer,
                 req.messages,
                 req.tools,
                 chat_template=self.config.chat_template,
             )
+            self._check_length(text)
+            ids = self.policy.tokenizer.encode(text, add_special_tokens=False)
+            job.prompt = RenderedPrompt(text=text, ids=list(ids), native_tools=native)
             n_prompt = len(job.prompt.ids)
             want = req.max_tokens or self.config.default_max_tokens
             if self.config.max_tokens_cap is not None:

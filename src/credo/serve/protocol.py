@@ -21,10 +21,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_N", "ChatRequest", "RequestError", "parse_chat_request"]
+from credo.policy.base import MIN_TEMPERATURE
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_N",
+    "ChatRequest",
+    "RequestError",
+    "decode_body",
+    "parse_chat_request",
+]
 
 #: Largest ``n`` accepted (choices per request).
 MAX_N = 64
+#: Deepest nesting of objects and arrays accepted in a request body (tool schemas are a
+#: few levels deep).
+MAX_JSON_DEPTH = 64
 #: Largest ``top_logprobs`` accepted (OpenAI's limit).
 MAX_TOP_LOGPROBS = 20
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -85,6 +97,19 @@ def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
         raise RequestError(f"{key} must be a number in [{lo}, {hi}], got {v!r}", key)
     return float(v)
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    """``temperature``: 0 (greedy) or in [:data:`~credo.policy.base.MIN_TEMPERATURE`, 2]
+    (smaller positive values overflow the scaled logits)."""
+    t = _number(body, "temperature", 1.0, 0.0, 2.0)
+    if 0 < t < MIN_TEMPERATURE:
+        raise RequestError(
+            f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, 2.0], got {t!r}: "
+            "below that the logits divided by it overflow; send 0 for greedy",
+            "temperature",
+        )
+    return t
 
 
 def _int(body: dict[str, Any], key: str, lo: int, hi: int | None) -> int | None:
@@ -178,6 +203,62 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     return tools
 
 
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request body, or :class:`RequestError` (400) for anything that is
+    not valid JSON in UTF-8 text: bad syntax or bytes, nesting deeper than
+    :data:`MAX_JSON_DEPTH` (100,000 levels made the JSON decoder raise ``RecursionError``,
+    a 500), integers too long to read, and strings with a lone surrogate (``"\\ud800"``
+    decodes to a string no tokenizer can encode, also a 500 before)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise RequestError(
+            f"the request body is nested more than {MAX_JSON_DEPTH} levels deep"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
+        why = str(exc).split("; use sys.set_int_max_str_digits")[0]  # not the client's knob
+        raise RequestError(f"the request body is not valid JSON: {why}") from None
+    _check_json(body)
+    return body
+
+
+def _check_json(body: Any) -> None:
+    """Refuse nesting deeper than :data:`MAX_JSON_DEPTH` and strings (keys included) that
+    are not valid Unicode text, naming where (walked with an explicit stack)."""
+    stack: list[tuple[Any, str, int]] = [(body, "body", 1)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise RequestError(
+                    f"the request body is nested more than {MAX_JSON_DEPTH} levels deep"
+                )
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                if isinstance(k, str):
+                    _check_text(k, f"a key of {'the request body' if where == 'body' else where}")
+                stack.append(
+                    (v, f"{where}.{k}" if isinstance(k, str) else f"{where}[{k}]", depth + 1)
+                )
+        elif isinstance(value, str):
+            _check_text(value, where)
+
+
+def _check_text(text: str, where: str) -> None:
+    """``text`` encodes as UTF-8; else a 400 naming ``where`` (``body.messages[0].content``)
+    and the top-level field as the error's ``param``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        field = where.split("body", 1)[1].lstrip(".").split(".")[0].split("[")[0]
+        raise RequestError(
+            f"{where.replace('body.', '', 1)} is not valid Unicode text: it holds a lone "
+            f"surrogate ({text[exc.start]!r} at character {exc.start}); send UTF-8 text "
+            "(surrogates only in pairs)",
+            field or None,
+        ) from None
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     """Validate a decoded JSON body; raises :class:`RequestError` on the first problem."""
     if not isinstance(body, dict):
@@ -226,7 +307,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     return ChatRequest(
         messages=msgs,
         n=_int(body, "n", 1, MAX_N) or 1,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=_temperature(body),
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
         max_tokens=max_tokens,
         stop=stops,

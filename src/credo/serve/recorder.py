@@ -98,25 +98,40 @@ class RecordedCall:
 
 
 class SessionRecorder:
-    """Thread-safe store of recorded calls by session id.
+    """Thread-safe store of recorded calls by session id, bounded.
+
+    A server left running must not grow without bound, whoever calls it: beyond
+    ``max_sessions`` sessions or ``max_calls`` calls in all, the least recently used
+    sessions are dropped whole (a single session over ``max_calls`` loses its oldest
+    calls). A session that lost calls is remembered (:meth:`lost`), so that a trainer
+    never turns a partial recording into an episode.
 
     Args:
-        max_sessions: sessions kept at most; the oldest session is dropped beyond it
-            (a server left running for days must not grow without bound). Default 100 000.
+        max_sessions: sessions kept at most (default 100 000).
+        max_calls: calls kept at most, over all sessions (default 20 000: a trainer pops
+            each iteration's sessions, so this bounds one iteration's requests; each call
+            holds its prompt and response ids).
 
     Attributes:
         weights_version: stamped on every call; a trainer bumps it after each update so
             that off-policy calls can be told apart.
+        dropped: calls dropped by the bounds so far.
     """
 
-    def __init__(self, max_sessions: int = 100_000) -> None:
+    def __init__(self, max_sessions: int = 100_000, max_calls: int = 20_000) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be ≥ 1, got {max_sessions}")
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be ≥ 1, got {max_calls}")
         self.max_sessions = max_sessions
+        self.max_calls = max_calls
         self.weights_version = 0
+        self.dropped = 0
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, list[RecordedCall]] = OrderedDict()
         self._closed: OrderedDict[str, None] = OrderedDict()
+        self._lost: OrderedDict[str, None] = OrderedDict()
+        self._calls = 0
         self._seq = 0
 
     def record(
@@ -149,9 +164,35 @@ class SessionRecorder:
             self._seq += 1
             self._sessions.setdefault(session_id, []).append(call)
             self._sessions.move_to_end(session_id)
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
+            self._calls += 1
+            self._evict(session_id)
             return call
+
+    def _evict(self, current: str) -> None:
+        """Drop least recently used sessions (then ``current``'s oldest calls) until the
+        bounds hold; the lock is held."""
+        while len(self._sessions) > self.max_sessions or (
+            self._calls > self.max_calls and len(self._sessions) > 1
+        ):
+            sid, calls = self._sessions.popitem(last=False)
+            self._forget(sid, len(calls))
+        own = self._sessions.get(current, [])
+        while self._calls > self.max_calls and own:
+            own.pop(0)
+            self._forget(current, 1)
+
+    def _forget(self, session_id: str, calls: int) -> None:
+        self._calls -= calls
+        self.dropped += calls
+        self._lost[session_id] = None
+        self._lost.move_to_end(session_id)
+        while len(self._lost) > self.max_sessions:
+            self._lost.popitem(last=False)
+
+    def lost(self, session_id: str) -> bool:
+        """Whether ``session_id`` lost calls to the bounds (its recording is partial)."""
+        with self._lock:
+            return session_id in self._lost
 
     def mark_undelivered(self, call: RecordedCall | None) -> None:
         """The reply of ``call`` did not fully reach the client."""
@@ -174,6 +215,7 @@ class SessionRecorder:
         calls of that session are not recorded."""
         with self._lock:
             calls = self._sessions.pop(session_id, [])
+            self._calls -= len(calls)
             if close:
                 self._closed[session_id] = None
                 while len(self._closed) > self.max_sessions:
@@ -185,6 +227,8 @@ class SessionRecorder:
         with self._lock:
             self._sessions.clear()
             self._closed.clear()
+            self._lost.clear()
+            self._calls = 0
 
     def to_episode(self, session_id: str, **kwargs: Any) -> Episode:
         """:func:`session_to_episode` of the session's calls (which stay recorded)."""

@@ -8,6 +8,8 @@ uvicorn is forced to exit and the engine thread is given the same time again.
 
 Binding: loopback (``127.0.0.1``, ``::1``, ``localhost``) by default; any other address
 is refused unless an API key is set, and then every ``/v1`` request must carry it.
+Without a key, only this machine's programs are answered, not web pages
+(:mod:`credo.serve.app`: ``Host`` and ``Origin`` checks, JSON bodies only).
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class PolicyServer:
         max_body_bytes: larger request bodies get a 413 (default 32 MiB).
         start_timeout_s: the longest :meth:`start` waits for the server (default 30).
         stop_timeout_s: the longest each stage of :meth:`stop` waits (default 10).
+        record: record sessions (default true; ``python -m credo.serve``, whose
+            recordings nothing reads, records none).
+        allowed_hosts: more host names meaning this server, for the same-machine checks
+            made without an API key (:func:`~credo.serve.app.create_app`).
     """
 
     def __init__(
@@ -85,8 +91,14 @@ class PolicyServer:
         max_body_bytes: int = 32 * 2**20,
         start_timeout_s: float = 30.0,
         stop_timeout_s: float = 10.0,
+        record: bool = True,
+        allowed_hosts: frozenset[str] | set[str] = frozenset(),
     ) -> None:
         check_bind(host, api_key)
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in 0..65535 (0: any free port), got {port}")
+        self.record = record
+        self.allowed_hosts = frozenset(allowed_hosts) | {host}
         self.host, self.port, self.api_key = host, port, api_key
         self.recorder = recorder if recorder is not None else SessionRecorder()
         gen = generator if generator is not None else torch.Generator().manual_seed(seed)
@@ -131,11 +143,12 @@ class PolicyServer:
         self.engine.start()
         app = create_app(
             self.engine,
-            self.recorder,
+            self.recorder if self.record else None,
             api_key=self.api_key,
             model_name=self.model_name,
             request_timeout_s=self.request_timeout_s,
             max_body_bytes=self.max_body_bytes,
+            allowed_hosts=self.allowed_hosts,
         )
         config = uvicorn.Config(
             app,

@@ -105,21 +105,21 @@ class Rubric:
 
     @classmethod
     def load(cls, path: str | Path) -> Rubric:
-        """A rubric from a YAML file (``yaml.safe_load``): a list of items, or a mapping
-        with ``items`` (and optionally ``version``); an item is a question string or
-        ``{question: str, weight: float}`` (weight 1 by default). ``ValueError`` in one
-        line naming what is wrong."""
+        """A rubric from a YAML file (bounded safe YAML, :mod:`credo.utils.safe_yaml`): a
+        list of items, or a mapping with ``items`` (and optionally ``version``); an item
+        is a question string or ``{question: str, weight: float}`` (weight 1 by default).
+        ``ValueError`` in one line naming what is wrong."""
         import yaml
+
+        from credo.utils.safe_yaml import read_yaml_file, yaml_problem
 
         p = Path(path).expanduser()
         if not p.is_file():
             raise ValueError(f"rubric file {str(p)!r}: no such file")
         try:
-            data = yaml.safe_load(p.read_text())
+            data = read_yaml_file(p)
         except yaml.YAMLError as e:
-            raise ValueError(
-                f"rubric file {str(p)!r} is not valid YAML: {e}".split("\n")[0]
-            ) from None
+            raise ValueError(f"rubric file {str(p)!r}{yaml_problem(e)}") from None
         raw = data.get("items") if isinstance(data, dict) else data
         if not isinstance(raw, list) or not raw:
             raise ValueError(

@@ -31,6 +31,7 @@ from credo.utils.atomic import temp_path, write_text_atomic
 
 __all__ = [
     "RngState",
+    "checkpoint_iteration",
     "clean_partial",
     "latest_checkpoint",
     "load_checkpoint",
@@ -217,6 +218,17 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
             return path
     steps = _steps(root)
     return steps[-1][1] if steps else None
+
+
+def checkpoint_iteration(path: Path | None) -> int:
+    """The iterations a run had done at checkpoint ``path`` (``step_<N>``: N), 0 for
+    ``None`` (no checkpoint yet)."""
+    if path is None:
+        return 0
+    m = _STEP.fullmatch(Path(path).name)
+    if m is None:
+        raise ValueError(f"{path} is not a checkpoint folder (step_<N>)")
+    return int(m.group(1))
 
 
 def load_checkpoint(path: Path, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ an iteration is reproducible on its own and ``--resume`` continues exactly.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -146,5 +147,31 @@ def iteration_metrics(data: IterationData, env_steps_total: int, clock: Clock) -
         "time/iteration_s": clock.total,
         "perf/env_steps_per_s": rollout.env_steps / max(1e-9, sampling),
         "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, sampling),
+        **top_action(eps),
         **{k: float(v) for k, v in sorted(rollout.stats.items())},
+    }
+
+
+def top_action(episodes: list[Any]) -> dict[str, Any]:
+    """The most frequent action text of the iteration's sampled steps (stripped; ties go to
+    the first seen), its share of those steps and the share of its occurrences the env
+    rejected: ``rollout/top_action`` (at most 40 characters), ``rollout/top_action_share``,
+    ``rollout/top_action_invalid`` (none without policy steps). A policy collapsing onto
+    one degenerate action shows here first (:mod:`credo.train.health`)."""
+    counts: Counter[str] = Counter()
+    invalid: Counter[str] = Counter()
+    for ep in episodes:
+        for step in ep.steps:
+            if step.source == "oracle":  # the policy's own actions only
+                continue
+            action = step.action.strip()
+            counts[action] += 1
+            invalid[action] += not step.valid
+    if not counts:
+        return {}
+    action, n = counts.most_common(1)[0]
+    return {
+        "rollout/top_action": action[:40],
+        "rollout/top_action_share": n / sum(counts.values()),
+        "rollout/top_action_invalid": invalid[action] / n,
     }

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from credo.utils.atomic import write_text_atomic
+from credo.utils.atomic import write_file_atomic, write_text_atomic
 
 __all__ = ["MetricsLog", "curves_figure", "plot_curves", "read_metrics"]
 
@@ -148,8 +148,12 @@ def plot_curves(
 
     fig = curves_figure(runs, title=title, baselines=baselines, final=final)
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:  # by temp-and-rename: a kill never leaves a half-written picture
+        write_file_atomic(
+            path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix[1:] or "png")
+        )
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -11,7 +11,9 @@ current iteration and saves a checkpoint; ``--resume`` continues the run exactly
 What keeps a run safe: the run folder is locked (:class:`~credo.utils.lock.RunLock`)
 before any work in it, so two runs never share one; every file is written by
 temp-and-rename (``config.yaml``, checkpoints, ``latest``, the rewritten
-``metrics.jsonl``; new metrics lines are single appends); env calls are guarded
+``metrics.jsonl``, ``final_policy/``, ``curves.png``, ``final_eval.json``; new metrics
+lines are single appends), and ``final_eval.json``, written last with the digests of
+``final_policy/``, marks a finished run (:mod:`credo.train.finish`); env calls are guarded
 (:mod:`credo.rollout.envguard`: exceptions, hangs past ``rollout.step_timeout`` and
 wrong types fail one episode and are written to ``env_errors.jsonl``, the first few
 shown); a non-finite reward stops the run with a checkpoint of the iteration's start; a
@@ -21,7 +23,6 @@ line and the resume command, also under ``--quiet``.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from credo.eval.evaluate import EvalResult
 from credo.rollout.envguard import EnvErrorLog, EnvFailure, env_guard
 from credo.train.checkpoint import clean_partial, latest_checkpoint, restore_rng, rng_snapshot
 from credo.train.config import Config
+from credo.train.finish import remove_final_leftovers, save_final_policy, write_final_eval
 from credo.train.health import HealthMonitor
 from credo.train.iteration import run_iteration
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
@@ -47,6 +49,7 @@ from credo.train.state import TrainState
 from credo.train.warmstart import start_policy
 from credo.utils.atomic import write_text_atomic
 from credo.utils.lock import RunLock, pid_alive
+from credo.utils.storage import StorageError, storage_fix, storage_problem
 
 __all__ = ["TrainResult", "train"]
 
@@ -101,11 +104,29 @@ def train(
         EnvFailure: the env broke the run (a non-finite reward, every warm-start
             demonstration failing, an iteration that failed after env errors); the
             message starts with the env's own error.
+        StorageError: the machine refused a write (a full disk, a quota, a read-only or
+            unwritable folder): one line naming the file, what survived and how to go on.
     """
+    where: list[Path] = []  # the run folder, once known
+    try:
+        return _train(cfg, resume, quiet, policy_path, where)
+    except Exception as exc:  # a full disk or a read-only folder: one line, what to do
+        refused = storage_problem(exc)
+        if refused is None:
+            raise
+        folder = where[0] if where else Path(cfg.train.runs_dir)
+        raise _storage_error(*refused, folder) from exc
+
+
+def _train(
+    cfg: Config, resume: Path | None, quiet: bool, policy_path: Path | None, where: list[Path]
+) -> TrainResult:
+    """:func:`train` (see there); ``where`` receives the run folder once it is known."""
     t_start = time.perf_counter()
     joined = not dp.active() and dp.setup(cfg.model.device)  # torchrun: N processes
     progress = Progress(enabled=not quiet and dp.is_main())
     run_dir = Path(resume) if resume else dp.broadcast_object(_run_dir_for(cfg))
+    where.append(run_dir)
     lock: RunLock | None = None
     main = dp.is_main()  # rank 0 alone locks and writes the run folder
     try:
@@ -147,6 +168,7 @@ def _train_locked(
                 if dp.is_main():
                     _write_config(run_dir, cfg)
                     clean_partial(run_dir)
+                    remove_final_leftovers(run_dir)
                     dp.note_processes(run_dir, resuming=resuming, say=progress.warn)
                 checkpoint = latest_checkpoint(run_dir) if resuming else None
                 policy, warm = dp.main_first(  # the others find rank 0's cached warm start
@@ -179,7 +201,7 @@ def _train_locked(
         elif not interrupted:
             try:
                 with interrupt_on_term():
-                    final = _finish(run, state, run_dir, progress)
+                    final = _finish(run, state, run_dir, progress, warm)
             except KeyboardInterrupt:
                 interrupted = True
                 progress.warn(
@@ -187,18 +209,8 @@ def _train_locked(
                     f"credo train --resume {run_dir}"
                 )
     metrics = read_metrics(own / "metrics.jsonl")
-    if metrics and dp.is_main():
-        start = "warm start (SFT)" if cfg.sft.enabled else "initial policy (no warm start)"
-        baselines = {f"{start}, held-out": warm.success_rate} if warm else {}
-        title = f"{cfg.recipe} on {cfg.env.name}"
-        ends = {cfg.recipe: final.success_rate} if final else None
-        plot_curves(
-            {cfg.recipe: metrics},
-            run_dir / "curves.png",
-            title=title,
-            baselines=baselines,
-            final=ends,
-        )
+    if final is None and metrics and dp.is_main():  # a finished run's were drawn by _finish
+        _plot(cfg, run_dir, metrics, warm, None)
     seconds = time.perf_counter() - t_start
     return TrainResult(
         run_dir, len(metrics), warm, final, interrupted, seconds, metrics, rank=dp.rank()
@@ -222,6 +234,8 @@ def _iterate(
     total, every = cfg.train.iterations, cfg.train.checkpoint_every
     last_saved = state.iteration if saved is not None else None
     health = HealthMonitor(cfg)  # warns when a run learns nothing (credo.train.health)
+    if state.iteration > 0 and dp.is_main():  # resumed: the trends carry on, no repeats
+        health.replay(read_metrics(log.path))
     try:
         with (
             progress.training(total, state.iteration) as bar,
@@ -301,6 +315,20 @@ def _iteration_error(
     return exc
 
 
+def _storage_error(code: int, line: str, run_dir: Path) -> StorageError:
+    """The one line of a write the machine refused (``line``: which file, why): what
+    survived and how to go on. Every file is written by temp-and-rename, so the run is
+    intact up to its last complete checkpoint."""
+    fix = storage_fix(code, run_dir)
+    if (run_dir / "config.yaml").exists():
+        last = latest_checkpoint(run_dir)
+        kept = f"up to {last.name}" if last is not None else "(no checkpoint yet)"
+        then = f"{run_dir} keeps the run {kept}; {fix} and continue with: credo train --resume {run_dir}"
+    else:
+        then = f"{fix} (or set train.runs_dir to a writable folder) and start again"
+    return StorageError(f"{line}; {then}", code)
+
+
 def _write_config(run_dir: Path, cfg: Config) -> None:
     """``config.yaml``, rewritten atomically and only when it changes."""
     path = run_dir / "config.yaml"
@@ -321,14 +349,40 @@ def _lock(run_dir: Path, progress: Progress) -> RunLock:
     return lock
 
 
-def _finish(run: Run, state: TrainState, run_dir: Path, progress: Progress) -> EvalResult:
-    """The trained policy's held-out evaluation (``final_eval.json``) and its weights
-    (``final_policy/``)."""
+def _finish(
+    run: Run, state: TrainState, run_dir: Path, progress: Progress, warm: EvalResult | None
+) -> EvalResult:
+    """The run's last writes (:mod:`credo.train.finish`), each by temp-and-rename and in
+    this order: the trained policy's weights (``final_policy/``), the curves with its
+    held-out result, then that result (``final_eval.json``, the mark of a finished run,
+    with the digests of ``final_policy/``)."""
     with progress.phase(f"held-out eval of the trained policy ({run.cfg.eval.episodes} episodes)"):
         final = run.evaluate(state.policy)
-    write_text_atomic(run_dir / "final_eval.json", json.dumps(final.to_dict(), indent=1))
-    state.policy.save(run_dir / "final_policy")
+    save_final_policy(state.policy, run_dir)
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    if metrics:
+        _plot(run.cfg, run_dir, metrics, warm, final)
+    write_final_eval(run_dir, final.to_dict(), state.iteration)
     return final
+
+
+def _plot(
+    cfg: Config,
+    run_dir: Path,
+    metrics: list[dict[str, Any]],
+    warm: EvalResult | None,
+    final: EvalResult | None,
+) -> None:
+    """``curves.png``: the run's curves, its starting policy's held-out success and,
+    once it finished, the trained policy's."""
+    start = "warm start (SFT)" if cfg.sft.enabled else "initial policy (no warm start)"
+    plot_curves(
+        {cfg.recipe: metrics},
+        run_dir / "curves.png",
+        title=f"{cfg.recipe} on {cfg.env.name}",
+        baselines={f"{start}, held-out": warm.success_rate} if warm else {},
+        final={cfg.recipe: final.success_rate} if final else None,
+    )
 
 
 def _run_dir_for(cfg: Config) -> Path:

@@ -37,6 +37,7 @@ from credo.train.parts import PartContext, Parts, build_parts, run_needs
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
 from credo.train.update import UpdateContext, UpdateSettings
+from credo.utils.atomic import replace_dir
 
 __all__ = ["TrainState", "seed_estimator_state"]
 
@@ -146,8 +147,8 @@ class TrainState:
                 key = part.checkpoint_key
                 part.load(checkpoint, saved.get(key) if key is not None else None)
             return state
-        if reference is not None and not lora and dp.is_main():
-            reference.save(run_dir / "reference")
+        if reference is not None and not lora and dp.is_main():  # by temp-and-rename
+            replace_dir(run_dir / "reference", reference.save)
         if est_state is not None:
             seed_estimator_state(run, est_state)
         return state

@@ -33,7 +33,7 @@ from credo.train.config import Config, config_hash
 from credo.train.progress import Progress
 from credo.train.run import Run, add_adapters, max_new_tokens
 from credo.train.sft import Demonstrations, collect_demonstrations, sft_train
-from credo.utils.atomic import temp_path, write_text_atomic
+from credo.utils.atomic import remove_leftovers, temp_path, write_text_atomic
 from credo.utils.cache import cache_dir
 
 __all__ = ["WarmStart", "start_policy", "warm_start", "warm_start_folder", "warm_start_key"]
@@ -265,7 +265,10 @@ def _with_privileged(demos: Demonstrations, sft: Any) -> list[tuple[list[int], l
 
 def _store(policy: HFPolicy, folder: Path, meta: dict[str, Any]) -> None:
     """Save a warm start into the cache: written under a fresh temporary name (so that
-    concurrent writers never share one), then renamed into place."""
+    concurrent writers never share one), then renamed into place. The temporary folders
+    of writers that were killed (as large as the model) are removed first; a live
+    writer's are kept."""
+    remove_leftovers(folder.parent)
     tmp = temp_path(folder)
     try:
         policy.save(tmp / "policy")

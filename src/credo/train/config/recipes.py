@@ -5,7 +5,8 @@ A run's config is built from a recipe (``src/credo/train/recipes/<name>.yaml``, 
 to a ``.yaml``; a recipe may ``inherit`` another one, e.g. ``base``, and its sections are
 merged key by key except ``params`` and ``kwargs``, which replace the parent's whole),
 then from ``key.sub=value`` overrides (values parsed as YAML: ``3``, ``0.1``, ``true``,
-``[1, 2]``, ``{a: 1}``). YAML is read with ``safe_load`` only.
+``[1, 2]``, ``{a: 1}``). YAML is read safely and bounded (:mod:`credo.utils.safe_yaml`:
+no Python objects, aliases and nesting limited before anything is built).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import yaml
 
 from credo.train.config.schema import Config, ConfigError
 from credo.utils.registry import unknown_name_message
+from credo.utils.safe_yaml import load_yaml, read_yaml_file, yaml_problem
 
 __all__ = ["RECIPES_DIR", "apply_overrides", "config_hash", "load_config", "recipe_names"]
 
@@ -42,13 +44,9 @@ def _read_recipe(name_or_path: str, seen: tuple[str, ...] = ()) -> dict[str, Any
     if str(path) in seen:
         raise ConfigError(f"recipe inheritance cycle: {' -> '.join((*seen, str(path)))}")
     try:
-        with path.open() as fh:
-            data = yaml.safe_load(fh) or {}
+        data = read_yaml_file(path) or {}
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ConfigError(f"recipe {path}{where}: {problem}") from None
+        raise ConfigError(f"recipe {path}{yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping at the top level")
     parent = data.pop("inherit", None)
@@ -69,7 +67,8 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` strings to a nested dict (values parsed with safe_load)."""
+    """Apply ``a.b.c=value`` strings to a nested dict (values parsed as bounded safe YAML,
+    :func:`~credo.utils.safe_yaml.load_yaml`)."""
     data = json.loads(json.dumps(data))  # deep copy
     for item in overrides:
         if "=" not in item:
@@ -84,9 +83,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 f"`credo compare`; here write {key.split(':', 1)[1]}={raw}"
             )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: cannot parse the value: {exc}") from None
+            raise ConfigError(
+                f"override {item!r}: cannot parse the value{yaml_problem(exc)}"
+            ) from None
         node = data
         parts = key.split(".")
         for p in parts[:-1]:

@@ -477,7 +477,9 @@ class TrainConfig:
             save one.
         keep_checkpoints: most recent checkpoints to keep (default 2).
         runs_dir: where run folders go (default ``runs``).
-        name: run folder name (default ``<recipe>-<env>-<timestamp>``).
+        name: run folder name under ``runs_dir`` (default ``<recipe>-<env>-<timestamp>``):
+            letters, digits, ``_``, ``-`` and ``.`` (not first), at most 128 characters;
+            never a path (no ``/``, ``..`` or absolute name).
     """
 
     iterations: int = 100
@@ -663,7 +665,7 @@ class JudgeConfig:
             env's words and the verdict words: for tests; its verdicts are noise), or an
             HF model: a folder, an alias such as ``smollm2-135m`` (the packaged
             SmolLM2-135M-Instruct, offline) or a hub name.
-        rubric: a YAML file of rubric items (``yaml.safe_load``: a list of questions or
+        rubric: a YAML file of rubric items (bounded safe YAML: a list of questions or
             of ``{question, weight}``, or a mapping with ``items``); default ``None``: the
             built-in rubric for messages to a customer (:data:`credo.teachers.judging.
             DEFAULT_RUBRIC`).

@@ -13,17 +13,24 @@ names the key, the value and what is accepted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from credo.policy.base import MIN_TEMPERATURE
 from credo.train.config.errors import ConfigError
 from credo.utils.registry import unknown_name_message
 
 if TYPE_CHECKING:
     from credo.train.config.schema import Config
 
-__all__ = ["validate"]
+__all__ = ["RUN_NAME", "validate"]
+
+#: What ``train.name`` may be: one folder name under ``train.runs_dir`` (letters, digits,
+#: ``_``, ``-`` and ``.``, not starting with ``.`` or ``-``), never a path: no separator,
+#: no ``..``, nothing absolute.
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 
 
 def validate(cfg: Config) -> None:
@@ -166,6 +173,11 @@ def _rollout(cfg: Config) -> None:
             "rollout.max_turns": r.max_turns,
         },
     )
+    if 0 < r.temperature < MIN_TEMPERATURE:
+        raise ConfigError(
+            f"rollout.temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
+            f"{r.temperature} (the logits are divided by it, and overflow below that)"
+        )
     _at_least(
         0,
         {
@@ -413,6 +425,13 @@ def _eval_and_train(cfg: Config) -> None:
             "train.keep_checkpoints": cfg.train.keep_checkpoints,
         },
     )
+    name = cfg.train.name
+    if name is not None and not (isinstance(name, str) and RUN_NAME.fullmatch(name)):
+        raise ConfigError(
+            f"train.name={name!r} must be one folder name: letters, digits, _, - and . "
+            "(not first), at most 128 characters; a run's folder is train.runs_dir/"
+            "train.name, so set train.runs_dir to put runs elsewhere"
+        )
 
 
 PRIVILEGED_KINDS = ("oracle", "feedback", "solution", "anchor")
