@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from credo.credit import advantage_stats
+from credo.data import RolloutForest
 from credo.envs.base import Task
 from credo.rollout import RolloutResult, split_oracle
 from credo.train.parts import IterationData
@@ -147,26 +148,24 @@ def iteration_metrics(data: IterationData, env_steps_total: int, clock: Clock) -
         "time/iteration_s": clock.total,
         "perf/env_steps_per_s": rollout.env_steps / max(1e-9, sampling),
         "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, sampling),
-        **top_action(eps),
+        **top_action(forest),
         **{k: float(v) for k, v in sorted(rollout.stats.items())},
     }
 
 
-def top_action(episodes: list[Any]) -> dict[str, Any]:
-    """The most frequent action text of the iteration's sampled steps (stripped; ties go to
-    the first seen), its share of those steps and the share of its occurrences the env
-    rejected: ``rollout/top_action`` (at most 40 characters), ``rollout/top_action_share``,
-    ``rollout/top_action_invalid`` (none without policy steps). A policy collapsing onto
-    one degenerate action shows here first (:mod:`credo.train.health`)."""
+def top_action(forest: RolloutForest) -> dict[str, Any]:
+    """The most frequent action text among the iteration's RL rows (the policy's own
+    steps: oracle rows are split off before; stripped; ties go to the first seen), its
+    share of those rows and the share of its occurrences the env rejected:
+    ``rollout/top_action`` (at most 40 characters), ``rollout/top_action_share``,
+    ``rollout/top_action_invalid`` (none without rows). A policy collapsing onto one
+    degenerate action shows here first (:mod:`credo.train.health`)."""
     counts: Counter[str] = Counter()
     invalid: Counter[str] = Counter()
-    for ep in episodes:
-        for step in ep.steps:
-            if step.source == "oracle":  # the policy's own actions only
-                continue
-            action = step.action.strip()
-            counts[action] += 1
-            invalid[action] += not step.valid
+    for action, valid in zip(forest.actions, forest.valid.tolist()):
+        action = action.strip()
+        counts[action] += 1
+        invalid[action] += not valid
     if not counts:
         return {}
     action, n = counts.most_common(1)[0]
