@@ -195,21 +195,23 @@ def test_a_resumed_run_warns_as_an_uninterrupted_one() -> None:
 
 
 def test_the_top_action_metrics_by_hand() -> None:
-    from credo.data import Episode, Step
+    from credo.data import Episode, RolloutForest, Step
+    from credo.rollout import split_oracle
     from credo.train.iteration import top_action
 
-    def ep(*actions: tuple[str, bool], source: str = "policy") -> Episode:
-        return Episode(0, [Step("o", a, valid=v, source=source) for a, v in actions])
+    def ep(group: int, *actions: tuple[str, bool], source: str = "policy") -> Episode:
+        return Episode(group, [Step("o", a, valid=v, source=source) for a, v in actions])
 
     episodes = [
-        ep(("click [ 2 ]", True), (" ] ", False), ("]", False)),
-        ep(("]", True), ("buy", True)),
-        ep(("]", True), source="oracle"),  # the oracle's actions are not the policy's
+        ep(0, ("click [ 2 ]", True), (" ] ", False), ("]", False)),
+        ep(1, ("]", True), ("buy", True)),
+        ep(2, ("]", True), source="oracle"),  # the oracle's actions are not the policy's
     ]
+    rl_rows, _ = split_oracle(RolloutForest.from_episodes(episodes))
     # policy actions: click [ 2 ], ], ], ], buy → "]" 3 of 5, 2 of its 3 invalid
-    assert top_action(episodes) == {
+    assert top_action(rl_rows) == {
         "rollout/top_action": "]",
         "rollout/top_action_share": 0.6,
         "rollout/top_action_invalid": 2 / 3,
     }
-    assert top_action([]) == {}
+    assert top_action(RolloutForest.from_episodes([])) == {}
