@@ -265,3 +265,46 @@ def test_a_moved_module_is_an_unresolved_reference() -> None:
     assert unresolved_reference("credo.teachers.teaching.Teaching") is None
     assert unresolved_reference("credo.train.parts.register_part") is None  # re-exported
     assert unresolved_reference("credo.nowhere") == "no module credo.nowhere"
+
+
+#: a Markdown link or image: ``[text](target)``, the target without a title
+MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def markdown_links(path: Path) -> list[tuple[int, str]]:
+    """``(line, target)`` of every relative link of a Markdown file, outside code blocks
+    and inline code (web addresses and mail links left out)."""
+    out, fence = [], None
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        marker = line.strip()[:3]
+        if marker in ("```", "~~~"):
+            fence = marker if fence is None else (None if marker == fence else fence)
+            continue
+        if fence is not None:
+            continue
+        line = re.sub(r"`[^`]*`", "", line)
+        out += [
+            (i, m.group(1))
+            for m in MD_LINK.finditer(line)
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", m.group(1))
+        ]
+    return out
+
+
+def test_markdown_links_resolve() -> None:
+    """Every relative link of README.md and docs/ names a file or folder that exists and,
+    with ``#anchor``, a heading of that file (README's text moved to docs/ as #39 and #38
+    reshaped it; a moved section must take its links along)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    bad, checked = [], 0
+    for page in pages:
+        for line, target in markdown_links(page):
+            checked += 1
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                bad.append(f"{_rel(page)}:{line}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+                bad.append(f"{_rel(page)}:{line}: {target} (no such heading)")
+    assert checked > 100, checked  # the check reads the links it should
+    assert not bad, "broken links:\n" + "\n".join(bad)

@@ -101,7 +101,10 @@ def test_rubric_files_load_with_safe_load_and_bad_ones_are_named(tmp_path: Path)
     with pytest.raises(ValueError, match="item 0 must be a question string"):
         Rubric.load(f)
     f.write_text("!!python/object/apply:os.system [echo hi]\n")
-    with pytest.raises(ValueError, match="not valid YAML"):
+    with pytest.raises(
+        ValueError,
+        match=r"\(line 1, column 1\): could not determine a constructor for the tag .*os.system",
+    ):
         Rubric.load(f)
     with pytest.raises(ValueError, match="no such file"):
         Rubric.load(tmp_path / "none.yaml")
