@@ -121,7 +121,8 @@ def _shifted_batch(policy, shift: float):  # type: ignore[no-untyped-def]
 
 
 def _update(policy, batch, overrides: list[str]):  # type: ignore[no-untyped-def]
-    cfg = load_config("grpo", ["sft.enabled=false", "optim.grad_clip=1e9", *overrides])
+    one_step = "optim.minibatches=1"  # the default four steps would mix the ratio into the step
+    cfg = load_config("grpo", ["sft.enabled=false", "optim.grad_clip=1e9", one_step, *overrides])
     opt = torch.optim.SGD(policy.model.parameters(), lr=1.0)
     before = [p.detach().clone() for p in policy.model.parameters()]
     m = policy_update(update_context(cfg, policy, opt), batch, iteration=0, generator=None)

@@ -70,7 +70,7 @@ def test_one_step_update_reports_ratio_one_and_the_sampler_mismatch() -> None:
     lp = score_batch(pol, batch, temperature=1.0, micro_rows=1000)
     mask = batch.loss_mask
     expected = float((k3_from_log_ratio(lp - batch.old_logprobs)[mask]).mean())  # token-mean
-    m = _run(["objective.aggregation=token-mean"], pol)
+    m = _run(["objective.aggregation=token-mean", "optim.minibatches=1"], pol)
     assert m["policy/ratio_min"] == m["policy/ratio_max"] == 1.0
     assert m["policy/ratio_std"] == pytest.approx(0.0, abs=1e-6)
     assert m["policy/kl_sampler_first"] == pytest.approx(expected, rel=1e-4)

@@ -39,7 +39,7 @@ def _update(
 @pytest.mark.parametrize(
     "setting",
     [
-        [],
+        ["optim.minibatches=1"],
         ["optim.epochs=2", "optim.minibatches=2"],  # π_old recomputed, then several steps
         [
             "optim.minibatches=2",
@@ -85,11 +85,12 @@ def test_a_mini_batch_with_nothing_left_still_steps_on_adams_momentum() -> None:
     for skip in ("false", "true"):
         pol = _policy()
         opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-3)
-        _update(pol, opt, _batch(), [f"optim.skip_zero_advantage={skip}"])
+        one_step = ["optim.minibatches=1", f"optim.skip_zero_advantage={skip}"]
+        _update(pol, opt, _batch(), one_step)
         before = [p.detach().clone() for p in pol.model.parameters()]
         flat = _batch(1)
         flat.advantages.zero_()  # every group of one outcome
-        m = _update(pol, opt, flat, [f"optim.skip_zero_advantage={skip}"])
+        m = _update(pol, opt, flat, one_step)
         assert int(next(iter(opt.state.values()))["step"]) == 2
         assert any(not torch.equal(p, q) for p, q in zip(before, pol.model.parameters()))
         runs.append((pol, m))

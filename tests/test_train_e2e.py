@@ -191,7 +191,12 @@ def test_an_existing_run_is_not_overwritten(tmp_path: Path) -> None:
 def test_kl_to_the_reference_as_loss_and_as_reward_penalty(tmp_path: Path) -> None:
     cfg = load_config(
         "grpo",
-        [*_small(tmp_path, "kl", 2), "objective.kl_coef=0.1", "objective.kl_reward_coef=0.1"],
+        [
+            *_small(tmp_path, "kl", 2),
+            "objective.kl_coef=0.1",
+            "objective.kl_reward_coef=0.1",
+            "optim.minibatches=1",  # one step per iteration: the first one's π is π_ref
+        ],
     )
     res = train(cfg, quiet=True)
     assert (res.run_dir / "reference" / "model.safetensors").exists()

@@ -71,6 +71,10 @@ CASES = [
 ] + [
     ("grpo-kl", "grpo", ["objective.kl_coef=0.1", "objective.kl_reward_coef=0.1"]),
     ("grpo-minibatches", "grpo", ["optim.epochs=2", "optim.minibatches=2"]),
+    # the earlier default: one optimizer step per batch (the ratio is exactly 1)
+    ("grpo-one-step", "grpo", ["optim.minibatches=1"]),
+    # the trust region: a step whose KL to the sampler exceeds max_kl is undone
+    ("grpo-max-kl", "grpo", ["optim.max_kl=0.5"]),
     ("grpo-entropy-eval", "grpo", ["objective.entropy_coef=0.01", "eval.every=2"]),
     ("proas-seeded", "proas", ["credit.seed_graph=demonstrations", "credit.seed_episodes=20"]),
     # the estimator's rule as reconstructed, before the recipe spared only progress

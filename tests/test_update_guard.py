@@ -45,7 +45,7 @@ def test_a_loose_guard_changes_nothing_and_reports_the_kl_after_the_step() -> No
     assert m0["loss/total"] == m1["loss/total"]
     # one step on the whole batch: the KL after it, by hand, over every loss token
     one = _policy()
-    m = _update(_ctx(["optim.max_kl=1e9"], one))
+    m = _update(_ctx(["optim.minibatches=1", "optim.max_kl=1e9"], one))
     batch = _batch()
     lp = upd.score_batch(one, batch, temperature=1.0, micro_rows=1000)
     mask = batch.loss_mask

@@ -346,7 +346,15 @@ class OptimConfig:
         betas: AdamW betas (default ``[0.9, 0.999]``).
         grad_clip: max gradient norm (default 1.0).
         epochs: passes over each iteration's batch (default 1).
-        minibatches: optimizer steps per epoch (default 1: one step per iteration).
+        minibatches: optimizer steps per epoch (default 4: each iteration's batch is
+            split into four mini-batches, one clipped step each, so from the second step
+            on the PPO ratio differs from 1 and the clip acts, as verl's PPO mini-batches
+            and TRL's reuse of a generation batch do). Chosen by learning in the
+            update-schedule studies (``studies/update-schedule-*.yaml``): on TextLights
+            1 × 4 reached 94.9 % held-out (sd 3.9, 3 seeds) against 75.6 % (sd 3.4) with
+            one step per batch. ``1`` is the earlier default (one step per batch, ratio
+            exactly 1). The cost per iteration is the same: the rows are split, not
+            repeated.
         micro_batch_rows: rows per forward/backward (gradient accumulation; default 256).
         micro_batch_tokens: also cap each forward/backward at this many padded tokens
             (rows × longest row; default ``None``: rows only). Chat prompts vary from a
@@ -380,7 +388,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0
     epochs: int = 1
-    minibatches: int = 1
+    minibatches: int = 4
     micro_batch_rows: int = 256
     micro_batch_tokens: int | None = None
     recompute_old_logprobs: bool = True
