@@ -27,3 +27,16 @@ SMALL = [
     "optim.lr=5e-4",
     "eval.episodes=16",
 ]
+
+#: The smallest run the CLI and run-folder tests share: no warm start, one group of two
+#: episodes per task on two tasks (add ``train.iterations=N``).
+TINY_RUN = [
+    "env.name=examples.custom_env:GuessEnv",
+    "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
+    "sft.enabled=false",
+    "rollout.tasks_per_iter=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=4",
+    "eval.episodes=4",
+    "train.threads=1",
+]

@@ -22,17 +22,9 @@ from credo.cli import build_parser, main, parse_args
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TINY = [
-    "env.name=examples.custom_env:GuessEnv",
-    "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
-    "sft.enabled=false",
-    "rollout.tasks_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=4",
-    "eval.episodes=4",
-    "train.iterations=1",
-    "train.threads=1",
-]
+from small_run import TINY_RUN  # noqa: E402
+
+TINY = [*TINY_RUN, "train.iterations=1"]
 VOLATILE = ("time/", "perf/")
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from small_run import TINY_RUN
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,16 +42,7 @@ TIMEOUT = 60.0  # every wait is bounded by this (a bound, never asserted)
 CPU_S = 20  # RLIMIT_CPU of a subprocess
 DATA = 1536 * 2**20  # RLIMIT_DATA of a subprocess: 1.5 GiB
 
-TINY = [
-    "env.name=examples.custom_env:GuessEnv",
-    "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
-    "sft.enabled=false",
-    "rollout.tasks_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=4",
-    "eval.episodes=4",
-    "train.threads=1",
-]
+TINY = list(TINY_RUN)
 
 
 def laughs(levels: int, width: int = 9) -> str:

@@ -28,18 +28,9 @@ from credo.train.finish import (
     write_final_eval,
 )
 from credo.utils.atomic import temp_path
+from small_run import TINY_RUN
 
-TINY = [
-    "env.name=examples.custom_env:GuessEnv",
-    "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
-    "sft.enabled=false",
-    "rollout.tasks_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=4",
-    "eval.episodes=4",
-    "train.iterations=1",
-    "train.threads=1",
-]
+TINY = [*TINY_RUN, "train.iterations=1"]
 
 
 #: above the largest pid Linux hands out (2**22): never a live process

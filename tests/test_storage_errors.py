@@ -16,18 +16,9 @@ import pytest
 
 from credo.cli import main
 from credo.utils.storage import StorageError, storage_problem
+from small_run import TINY_RUN
 
-TINY = [
-    "env.name=examples.custom_env:GuessEnv",
-    "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
-    "sft.enabled=false",
-    "rollout.tasks_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=4",
-    "eval.episodes=4",
-    "train.iterations=2",
-    "train.threads=1",
-]
+TINY = [*TINY_RUN, "train.iterations=2"]
 
 
 class SafetensorLike(Exception):
