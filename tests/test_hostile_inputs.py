@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -65,16 +66,41 @@ def _limits(fsize: int | None = None) -> Any:
 
 def _credo(*args: str, cwd: Path, fsize: int | None = None) -> subprocess.CompletedProcess:
     """``python -m credo ARGS`` under the CPU and memory limits."""
+    return _credo_rss(*args, cwd=cwd, fsize=fsize)[0]
+
+
+def _credo_rss(
+    *args: str, cwd: Path, fsize: int | None = None
+) -> tuple[subprocess.CompletedProcess, int]:
+    """:func:`_credo`, and the peak resident memory (KiB) of that one process: read from
+    its own ``wait4``, as ``RUSAGE_CHILDREN`` would give the largest of every child the
+    test session ever waited for (a training run of an earlier test)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(ROOT)]))
-    return subprocess.run(
-        [sys.executable, "-m", "credo", *args],
-        cwd=cwd,
-        env=env,
-        preexec_fn=_limits(fsize),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cmd = [sys.executable, "-m", "credo", *args]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, preexec_fn=_limits(fsize), stdout=out, stderr=err
+        )
+        deadline = time.monotonic() + 300  # a bound on the wait, never asserted
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        res = subprocess.CompletedProcess(
+            cmd,
+            proc.returncode,
+            out.read().decode(errors="replace"),
+            err.read().decode(errors="replace"),
+        )
+    return res, usage.ru_maxrss
 
 
 def _one_line(res: subprocess.CompletedProcess, *needles: str) -> None:
@@ -92,13 +118,28 @@ def test_the_issues_alias_bombs_stop_at_once(tmp_path: Path) -> None:
     recipe = tmp_path / "laughs.yaml"
     recipe.write_text(laughs(8))  # 9**9 ≈ 387 million values
     assert len(recipe.read_bytes()) < 600
-    _one_line(_credo("config", "--recipe", str(recipe), cwd=tmp_path), "more than 100,000 values")
+    res, rss_config = _credo_rss("config", "--recipe", str(recipe), cwd=tmp_path)
+    _one_line(res, "more than 100,000 values")
     pipe = tmp_path / "p.yaml"
     pipe.write_text(laughs(7) + "stages: [{name: a, kind: eval, policy: a}]\n")
     assert len(pipe.read_bytes()) < 600
-    _one_line(_credo("pipeline", str(pipe), cwd=tmp_path), "more than 100,000 values")
-    child = resource.getrusage(resource.RUSAGE_CHILDREN)
-    assert child.ru_maxrss < 700 * 1024  # KiB: the largest child stayed small
+    res, rss_pipeline = _credo_rss("pipeline", str(pipe), cwd=tmp_path)
+    _one_line(res, "more than 100,000 values")
+    assert max(rss_config, rss_pipeline) < 700 * 1024  # KiB: each process stayed small
+
+
+def test_the_peak_memory_is_the_commands_own_not_an_earlier_childs(tmp_path: Path) -> None:
+    """A child of 800 MB waited for earlier (a training run of another test) does not
+    count against a small command: ``RUSAGE_CHILDREN`` would report it, ``wait4`` not."""
+    subprocess.run(
+        [sys.executable, "-c", "b = bytearray(800 * 2**20); b[::4096] = b'x' * len(b[::4096])"],
+        check=True,
+        timeout=120,
+    )
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss > 700 * 1024
+    res, rss = _credo_rss("--version", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr
+    assert rss < 700 * 1024
 
 
 @pytest.mark.parametrize("depth", [1000, 100_000])
