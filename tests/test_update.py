@@ -150,3 +150,29 @@ def test_kl_reward_penalty_is_beta_times_the_summed_token_kl() -> None:
         torch.zeros(forest.num_rows),
         atol=1e-6,
     )
+
+
+@pytest.mark.parametrize("minibatches", [1, 4])
+def test_hpo_p_acts_only_when_the_ratio_differs_from_one(minibatches: int) -> None:
+    """Issue 38: with one optimizer step per batch every ratio is 1, and the Hölder mean of
+    ones is 1 for any p, so p = 1 (arithmetic), 0 (geometric) and −1 (harmonic) take the
+    same step; with the default four mini-batch steps the later steps see ratios ≠ 1 and
+    p changes the update."""
+    params = {}
+    for p in (1.0, 0.0, -1.0):
+        pol = _policy()
+        _run(
+            [
+                "objective.loss=holder",
+                f"objective.params={{schedule: constant, p: {p}}}",
+                "objective.aggregation=seq-mean-token-mean",
+                f"optim.minibatches={minibatches}",
+            ],
+            pol,
+        )
+        params[p] = torch.cat([q.detach().flatten() for q in pol.model.parameters()])
+    gaps = [float((params[p] - params[1.0]).abs().max()) for p in (0.0, -1.0)]
+    if minibatches == 1:
+        assert max(gaps) < 1e-6, gaps
+    else:
+        assert min(gaps) > 1e-4, gaps
