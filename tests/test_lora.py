@@ -227,10 +227,12 @@ def test_lora_run_checkpoints_adapters_and_resumes_exactly(tmp_path: Path) -> No
     ]
     assert stable[0] == stable[1]
     # the adapters did learn something: non-zero advantages and gradients, a KL to the
-    # shared reference (adapters off) that grows from 0
+    # shared reference (adapters off) that grows from 0 (B = 0 at the first of the first
+    # iteration's four mini-batch steps: its mean over them is small, not 0)
     assert any(r["credit/adv_abs_max"] > 0 for r in full.metrics)
     assert all(r["policy/grad_norm"] > 0 for r in full.metrics)
-    assert full.metrics[0]["loss/kl"] == 0.0 and full.metrics[-1]["loss/kl"] > 0
+    kl = [r["loss/kl"] for r in full.metrics]
+    assert 0 < kl[0] < kl[-1]
     step = full.run_dir / "checkpoints" / "step_4" / "policy"
     assert (step / "adapter_model.safetensors").exists()
     assert not (step / "model.safetensors").exists()

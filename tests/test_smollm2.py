@@ -147,6 +147,7 @@ def test_one_lora_rl_iteration_changes_only_the_adapters(smollm2: SimpleNamespac
         # zero-shot rewards are all 0 in two turns: the entropy bonus makes the gradient
         # non-zero whatever the advantages
         "objective.entropy_coef=0.01",
+        "optim.minibatches=1",  # one Adam step: A's gradient is still 0 (see below)
         "rollout.tasks_per_iter=1",
         "rollout.group_size=2",
         "rollout.max_turns=1",

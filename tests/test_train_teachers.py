@@ -18,7 +18,7 @@ from credo.policy import create_tiny_policy
 from credo.policy.tiny import TinyModelConfig
 from credo.teachers import TeacherRows, score_with_policy
 from credo.teachers.teaching import row_histories
-from credo.train.config import ConfigError, load_config
+from credo.train.config import Config, ConfigError, load_config
 from credo.train.iteration import run_iteration
 from credo.train.loop import train
 from credo.train.parts.teacher import TeacherPart
@@ -36,9 +36,11 @@ SMALL = [*SMALL_RUN, "train.checkpoint_every=2"]
 #: End-to-end cases: (recipe, overrides besides SMALL). GuessEnv's answer is its final
 #: guess, so MT-SDPO's anchors drop it; MT-SDPO runs on the teacher's signal alone (β = 1,
 #: no GRPO term) so that the test measures what the teacher does. The two reward routes
-#: of on-policy distillation run with the PPO loss; the reward route, whose KL competes with
-#: the RL reward in GRPO's group normalisation, runs 8 iterations (in 4 its distance fell
-#: by 19 % on one CPU and by more on another: too close to the fifth asked).
+#: of on-policy distillation run with the PPO loss, where the RL reward pulls the student
+#: away from the teacher: the test compares them with the same run whose teacher reward is
+#: negligible (REWARD_ROUTES). The row reward, whose KL competes with the RL reward in
+#: GRPO's group normalisation, runs 8 iterations (in 4 its distance rose, 0.18 -> 0.24,
+#: against 1.84 without the teacher).
 CASES = {
     "opd": ("opd", []),
     "opd-row_reward": ("opd", ["objective.loss=ppo", "objective.params={}", "teacher.route=row_reward", "teacher.full=false", "train.iterations=8"]),
@@ -53,6 +55,11 @@ CASES = {
     "renyi_opsd": ("renyi_opsd", ["sft.privileged=null"]),
 }  # fmt: skip
 NEEDS_PATH = ("opd", "oprd")
+#: The reward routes and the coefficient of their control run (the same run, the teacher's
+#: reward scaled to nothing): 4 mini-batch steps per batch of GRPO on GuessEnv take the
+#: control's distance from 0.18 to 1.7-1.9 in 4 to 8 iterations.
+REWARD_ROUTES = ("row_reward", "token_advantage")
+NO_TEACHER = "teacher.reward_coef=1e-9"
 
 
 @pytest.fixture(scope="module")
@@ -219,17 +226,16 @@ def _distance(run: Run, state: TrainState, rollout, alpha: float) -> float:  # t
     return float((s[m].exp() * (s[m] - t[m])).sum(-1).mean())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_recipe_moves_the_student_toward_its_teacher(
-    case: str, teacher_run: Path, tmp_path: Path
-) -> None:
-    # 4 iterations unless the case says otherwise
+def _train_and_measure(
+    case: str, teacher_run: Path, tmp_path: Path, *extra: str
+) -> tuple[Config, float, float, list[dict]]:
+    """Train ``case`` (4 iterations unless it says otherwise) from its warm start; its
+    config, the distance to the teacher on fixed rows before and after, and the records."""
     cfg = load_config(
-        CASES[case][0], ["train.iterations=4", *_overrides(case, teacher_run, tmp_path)]
+        CASES[case][0], ["train.iterations=4", *_overrides(case, teacher_run, tmp_path), *extra]
     )
     run = build_run(cfg)
-    run_dir = tmp_path / case
+    run_dir = tmp_path / (f"{case}-control" if extra else case)
     run_dir.mkdir()
     policy, warm = start_policy(run, run_dir, resuming=False, progress=Progress(enabled=False))
     assert warm is not None and 0 < warm.success_rate < 1
@@ -247,10 +253,22 @@ def test_recipe_moves_the_student_toward_its_teacher(
             assert got == want
     before = _distance(run, state, fixed, alpha)
     records = [run_iteration(run, state, it) for it in range(cfg.train.iterations)]
-    after = _distance(run, state, fixed, alpha)
+    return cfg, before, _distance(run, state, fixed, alpha), records
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_recipe_moves_the_student_toward_its_teacher(
+    case: str, teacher_run: Path, tmp_path: Path
+) -> None:
+    cfg, before, after, records = _train_and_measure(case, teacher_run, tmp_path)
     print(f"{case}: distance {before:.4f} -> {after:.4f}")
     if cfg.teacher.route == "oprd":  # minus the expected shift: any sign
         assert after < before - 0.01, (before, after)
+    elif cfg.teacher.route in REWARD_ROUTES:  # closer, and far closer than RL alone
+        _, _, control, _ = _train_and_measure(case, teacher_run, tmp_path, NO_TEACHER)
+        print(f"{case}: without the teacher's reward {before:.4f} -> {control:.4f}")
+        assert after < before and after < 0.25 * control, (before, after, control)
     else:  # a KL
         assert after < 0.8 * before, (before, after)
     for r in records:  # the scoring cost is reported every iteration
