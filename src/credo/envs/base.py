@@ -18,6 +18,8 @@ tokenizer), ``is_tool_call(action) -> bool`` and ``action_format() -> str`` (rul
 to chat models), ``privileged_context(kind) -> str | None`` (below), ``similar_task(task,
 rng) -> Task`` (below), ``task_difficulty() -> str`` (the current task's difficulty
 label, for the per-difficulty breakdown of ``credo eval``; ``tools``: its number of calls).
+An adapter that plays another library's envs may set ``actions_advice`` (a str): where
+*its* users add those methods (``check-env`` shows it when no printed word is an action).
 
 ``similar_task(task: Task, rng: random.Random) -> Task`` returns "a task like this one":
 a new training task with the same structure as ``task`` (the same task graph or API
@@ -524,6 +526,10 @@ def resolve_env(name: str) -> EnvFactory:
 
     scheme, _, rest = name.partition(":")
     if rest and scheme in ENV_SCHEMES:
+        # a scheme's id may name the user's own module (``gym:my_env:MyEnv-v0``) or an id
+        # that a ``$CREDO_ENV_MODULES`` module registers: both as for ``--env module:Class``
+        _add_cwd_to_path()
+        _import_env_modules()
         return ENV_SCHEMES[scheme](rest)
     if ":" in name:
         module_name, _, attr = name.rpartition(":")

@@ -103,6 +103,11 @@ class GymEnv:
             self._env = gym.make(env_id, **(make_kwargs or {}))
         except gym.error.Error as exc:
             raise ValueError(f"gym: cannot make {env_id!r}: {exc}") from None
+        except ImportError as exc:  # ``module:Id`` whose module is not importable
+            raise ValueError(
+                f"gym: cannot make {env_id!r}: {exc} (the module is looked up on the Python "
+                "path, the working folder included)"
+            ) from None
         self.env_id = env_id
         obs_space, act_space = self._env.observation_space, self._env.action_space
         if not isinstance(obs_space, (spaces.Text, spaces.Discrete)):
@@ -206,6 +211,16 @@ class GymEnv:
     def similar_task(self, task: Task, rng: random.Random) -> Task:
         """Any reset seed is a task of the same env: a fresh seed."""
         return Task("train", find_variant_seed(rng, lambda s: True))
+
+    #: What ``check-env`` advises when no word the env prints is an action: the adapter
+    #: reads these methods from the Gymnasium env itself (its ``action_format`` is the
+    #: adapter's own, so listing actions there is not the user's option).
+    actions_advice = (
+        "Add vocabulary() (every word it prints or accepts) or sample_action(rng) (a random "
+        "valid action) to the Gymnasium env class (the gym adapter reads them from "
+        "env.unwrapped), or use a Discrete action space with env.kwargs.action_names; add "
+        "oracle_action() too for a warm start"
+    )
 
     def action_format(self) -> str:
         if self._names is not None:

@@ -68,6 +68,9 @@ MAX_ACTION_CHARS = 200
 _PROMPT_TAIL = re.compile(r"\n>[^\n]*$")
 _BLANKS = re.compile(r"\n\s*\n+")
 _WORDS_EDGE = " \t\n\r\"'.!?"
+_END_BANNER = re.compile(
+    r"^[ \t]*\*\*\*[^\n]*\*\*\*[ \t]*$|^[^\n]*Would you like to RESTART[^\n]*$", re.MULTILINE
+)
 
 
 def normalize(action: str) -> str:
@@ -78,9 +81,22 @@ def normalize(action: str) -> str:
 
 def clean_text(text: str) -> str:
     """The game's text without the ``>`` prompt and the status line after it, the
-    banner (everything before the room title, on reset) and runs of blank lines."""
+    end-of-game banner (``*** The End ***``, ``*** You lost! ***`` and the interpreter's
+    "Would you like to RESTART, RESTORE ..." question: an agent cannot answer them) and
+    runs of blank lines."""
     text = _PROMPT_TAIL.sub("", text.replace("\r", ""))
+    text = _END_BANNER.sub("", text)
     return _BLANKS.sub("\n", text).strip()
+
+
+def _game_files(name: str, files: Any) -> list[str] | None:
+    """``game_files``/``heldout_files`` as a list of paths: one path (a str) is a list of
+    one (not its characters); anything else but a list of strs is refused in one line."""
+    if files is None or isinstance(files, (str, Path)):
+        return None if files is None or str(files) == "" else [str(files)]
+    if isinstance(files, (list, tuple)) and all(isinstance(f, (str, Path)) for f in files):
+        return [str(f) for f in files]
+    raise ValueError(f"textworld {name} must be a game file path or a list of them, got {files!r}")
 
 
 @register_env("textworld")
@@ -94,9 +110,10 @@ class TextWorldEnv:
             detailed goal; the others: ``level`` 1).
         games: training games (generator seeds ``0 .. games-1``; default 4).
         heldout_games: held-out games (default 2).
-        game_files: play these game files instead of generating (training and held-out
-            tasks share them unless ``heldout_files`` is given).
-        heldout_files: held-out game files (with ``game_files``).
+        game_files: play these game files (a path or a list of paths) instead of
+            generating (training and held-out tasks share them unless ``heldout_files`` is
+            given); the per-difficulty breakdown is then by game file.
+        heldout_files: held-out game files (with ``game_files``; a path or a list).
         cache_dir: where generated games are kept (default ``$CREDO_CACHE/textworld``).
         max_turns: turn limit (default 20).
         show_commands: list the admissible commands in every observation (default true).
@@ -111,8 +128,8 @@ class TextWorldEnv:
         settings: dict[str, Any] | None = None,
         games: int = 4,
         heldout_games: int = 2,
-        game_files: list[str] | None = None,
-        heldout_files: list[str] | None = None,
+        game_files: list[str] | str | None = None,
+        heldout_files: list[str] | str | None = None,
         cache_dir: str | None = None,
         max_turns: int = 20,
         show_commands: bool = True,
@@ -131,6 +148,9 @@ class TextWorldEnv:
                 raise ValueError(f"textworld {name} must be a positive integer, got {value!r}")
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"textworld max_turns must be a positive integer, got {max_turns!r}")
+        game_files = _game_files("game_files", game_files)
+        heldout_files = _game_files("heldout_files", heldout_files)
+        self.own_games = bool(game_files)
         if game_files:
             train = [self._checked(f) for f in game_files]
             test = [self._checked(f) for f in heldout_files] if heldout_files else train
@@ -306,8 +326,13 @@ class TextWorldEnv:
         return Task("train", find_variant_seed(rng, lambda s: True))
 
     def task_difficulty(self) -> str:
-        """The challenge's name (``credo eval``'s per-difficulty breakdown)."""
-        return self.challenge
+        """The challenge's name (``credo eval``'s per-difficulty breakdown); with your own
+        ``game_files``, the current game's file name (``game.z8`` files are named by their
+        folder), since the challenge option does not describe them."""
+        if not self.own_games:
+            return self.challenge
+        path = self._file or self.files["train"][0]
+        return path.parent.name if path.stem == "game" else path.stem
 
     def action_format(self) -> str:
         return "Reply with exactly one command from the list of commands (e.g. go east)."

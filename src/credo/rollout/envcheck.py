@@ -184,13 +184,18 @@ def collect_words(make: Callable[[], Any], episodes: int = 200) -> list[str]:
     walk = _explore(make, episodes)
     if not walk.guided and walk.steps and walk.valid_steps == 0:
         env = make()
+        # an adapter (gym, ...) reads these methods from the user's own env, not from
+        # itself: it says where they go (``actions_advice``)
+        advice = getattr(env, "actions_advice", None) or (
+            "Add vocabulary() (every word it prints or accepts) or sample_action(rng) (a "
+            "random valid action), or list the actions in action_format(); add "
+            "oracle_action() too for a warm start"
+        )
         raise EnvCheckError(
             f"{type(env).__name__}: none of the words it prints is an action it accepts "
             f"({walk.steps} random single-word actions taken from its observations were all "
             "invalid), so the built-in model's tokenizer cannot write its actions and training "
-            "would learn nothing. Add vocabulary() (every word it prints or accepts) or "
-            "sample_action(rng) (a random valid action), or list the actions in "
-            "action_format(); add oracle_action() too for a warm start"
+            f"would learn nothing. {advice}"
         )
     return sorted(walk.words)
 
