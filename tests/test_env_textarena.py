@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from credo.envs import Task, make_env
-from credo.envs.textarena_env import GAMES, TextArenaEnv, hanoi_next_move
+from credo.envs.textarena_env import GAMES, GENERIC, TextArenaEnv, hanoi_next_move, register_game
 from credo.envs.thirdparty import MissingPackage
 from credo.policy.tokenizer import build_word_tokenizer
 from credo.rollout.envcheck import check_env
@@ -134,7 +134,7 @@ def test_options_and_names() -> None:
     env = make_env("textarena", game="TowerOfHanoi-v0-medium")
     assert env.max_turns == 30 and env.task_difficulty() == "TowerOfHanoi-v0-medium"
     assert make_env("textarena:GuessTheNumber-v0", max_turns=3).max_turns == 3
-    with pytest.raises(ValueError, match="valid families: GuessTheNumber"):
+    with pytest.raises(ValueError, match="needs NLTK data"):
         TextArenaEnv("Wordle-v0")
     with pytest.raises(ValueError, match="'success' or 'game'"):
         TextArenaEnv(reward="points")
@@ -191,3 +191,78 @@ def test_credo_play_and_check_env_commands(monkeypatch, capsys) -> None:
     assert "Congratulations! You solved the Tower of Hanoi puzzle." in out and "success True" in out
     assert main(["check-env", "--env", "textarena:FrozenLake-v0", "--tasks", "3"]) == 0
     assert "passes the env checks on 3 tasks" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- any single-player game
+def test_any_single_player_game_plays_through_the_generic_spec() -> None:
+    """Mastermind has no spec of its own: the reply's first bracketed move reaches the
+    game (spaces as the word-level tokenizer writes them), which judges it."""
+    env = make_env("textarena:Mastermind-v0")
+    assert env.spec is GENERIC and env.max_turns == 20
+    assert not hasattr(env, "oracle_action") and not hasattr(env, "sample_action")
+    first = env.reset(Task.make("train", 0))
+    assert "Mastermind" in env.instruction() and "[2 1 4 5]" in env.instruction()
+    key = env.state_key()
+    snap = env.snapshot()
+    res = env.step("my guess is [ 1 2 3 4 ] now")
+    assert res.info == {"valid": True, "move": "[1 2 3 4]"}
+    assert "black peg" in res.observation and env.state_key() != key
+    env.restore(snap)
+    assert env.state_key() == key and env.reset(Task.make("train", 0)) == first
+    res = env.step("no move here")
+    assert not res.info["valid"] and res.info["move"] is None and not res.done
+    res = env.step("[ 7 ]")  # a second invalid move in a row ends it (TextArena's rule)
+    assert res.done and not res.info["success"] and res.reward == 0.0
+
+
+def test_error_allowance_forgives_invalid_moves() -> None:
+    env = make_env("textarena:LightsOut-v0", error_allowance=3)
+    env.reset(Task.make("train", 1))
+    for _ in range(3):
+        res = env.step("[ 9 9 ]")
+        assert not res.info["valid"] and not res.done
+    assert env.step("[ 9 9 ]").done  # the fourth in a row is one too many
+    with pytest.raises(ValueError, match="error_allowance must be an integer >= 0"):
+        make_env("textarena:LightsOut-v0", error_allowance=-1)
+
+
+def test_register_game_gives_a_game_an_oracle(monkeypatch) -> None:
+    """A user's oracle for a game credo has no spec for: the warm start can use it."""
+    monkeypatch.setitem(GAMES, "Mastermind", GAMES.get("Mastermind", GENERIC))
+
+    def read_the_code(game) -> str:
+        return "[" + " ".join(str(d) for d in game.state.game_state["secret_code"]) + "]"
+
+    register_game("Mastermind", oracle=read_the_code, vocabulary=lambda game: ["peg", "pegs"])
+    env = make_env("textarena:Mastermind-v0")
+    env.reset(Task.make("test", 2))
+    res = env.step(env.oracle_action())
+    assert res.done and res.info["success"] and res.reward == 1.0
+    assert "pegs" in env.vocabulary() and env.privileged_context("oracle") is None
+    with pytest.raises(ValueError, match="unknown fields \\['solver'\\]"):
+        register_game("Mastermind", solver=read_the_code)
+
+
+def test_games_that_cannot_be_played_here_are_one_line() -> None:
+    """Word games fetch NLTK data when built: refused from their source, before any
+    import (so no download is tried); multi-player and broken games: refused too."""
+    for game in ("Wordle-v0", "Hangman-v0", "SpellingBee-v0"):
+        with pytest.raises(ValueError, match="credo never downloads") as err:
+            make_env(f"textarena:{game}")
+        assert "\n" not in str(err.value)
+    assert "textarena.envs.Wordle.env" not in sys.modules
+    with pytest.raises(ValueError, match="number of players has to be 2"):
+        make_env("textarena:TicTacToe-v0")
+    with pytest.raises(ValueError, match="not a single-player one"):
+        make_env("textarena:PublicGoodsGame-v0")
+
+
+def test_a_game_that_swaps_its_invalid_move_arguments_is_a_plain_loss() -> None:
+    """Cryptarithm (textarena 0.7.4) passes the reason text as the reward of a game lost
+    by invalid moves; that was a ValueError out of step(): it is a loss, reward 0."""
+    env = make_env("textarena:Cryptarithm-v0", reward="game")
+    env.reset(Task.make("train", 0))
+    assert not env.step("no move").done
+    res = env.step("still no move")
+    assert res.done and res.reward == 0.0
+    assert res.info["success"] is False and res.info["game_reward"] == 0.0

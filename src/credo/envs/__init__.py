@@ -10,6 +10,7 @@ declares them in the ``credo.envs`` entry-point group.
 from credo.envs import gym_env as _gym  # noqa: F401  (registers "gym" and gym:ENV_ID)
 from credo.envs import recall as _recall  # noqa: F401  (registers "recall")
 from credo.envs import shop as _shop  # noqa: F401  (registers "shop")
+from credo.envs import sokoban as _sokoban  # noqa: F401  (registers "sokoban")
 from credo.envs import textarena_env as _textarena  # noqa: F401  ("textarena", textarena:ID)
 from credo.envs import textworld_env as _textworld  # noqa: F401  (registers "textworld")
 from credo.envs import tools as _tools  # noqa: F401  (registers "tools")

@@ -1,18 +1,29 @@
 """``textarena``: TextArena's single-player games behind credo's env protocol.
 
 `TextArena <https://github.com/LeonGuertler/TextArena>`_ (Guertler et al., 2025) is a
-collection of text games for LLM agents. This adapter plays its single-player games that
-run offline — ``GuessTheNumber``, ``TowerOfHanoi``, ``FrozenLake`` and ``Minesweeper``
-(:data:`GAMES`), any of their registered variants (``TowerOfHanoi-v0-medium``,
-``Minesweeper-v0-small``, ...) — as credo envs::
+collection of text games for LLM agents. This adapter plays every single-player game of
+it that runs offline, with any of its registered variants (``TowerOfHanoi-v0-medium``,
+``Sudoku-v0-easy``, ...), as credo envs::
 
     credo play --env textarena env.kwargs.game=TowerOfHanoi-v0
     credo train --env textarena:GuessTheNumber-v0          # the game id after the colon
-    credo check-env --env textarena:FrozenLake-v0
+    credo check-env --env textarena:Mastermind-v0
 
 Install it with ``pip install 'credo[textarena]'``; without the package the env refuses
 to start with one line that says so. Nothing is downloaded: the games are built from
 the package's own code (``textarena.make(<id>-raw)``, the variant without LLM wrappers).
+A game that fetches data when it is built (the word games: Wordle, Hangman, SpellingBee,
+... load NLTK word lists), needs an API key (an LLM opponent) or several players is
+refused in one line saying which, before anything is fetched (the download is found in
+the game's source, which is read, not imported).
+
+Four families have a :class:`GameSpec` of their own (:data:`GAMES`: GuessTheNumber,
+TowerOfHanoi, FrozenLake, Minesweeper: move parsing, an oracle, a plausible actor, state
+keys and progress); every other game is played through :data:`GENERIC`: the first
+bracketed move of the reply reaches the game, which parses and judges it with its own
+rules; the game's prompt is the instruction; state keys are a digest of the game's state;
+no oracle (so no warm start from demonstrations). :func:`register_game` gives a game your
+own oracle, plausible actor or vocabulary (in a module that ``$CREDO_ENV_MODULES`` names).
 
 A **task** is ``(game id, seed)``: the game id is the env's ``game`` option and
 ``task.seed`` seeds the game's generator (the secret number, the lake, the mines), so
@@ -27,7 +38,8 @@ the game the canonical form; text it cannot parse reaches the game as an empty m
 the game's own rules judge it. A move the game rejects (a format error, a repeated guess,
 a wall, a bigger disk on a smaller one, a mine) is an **invalid action**:
 ``info["valid"] = False``, the game's message as the observation, and the game's error
-allowance applies (a second invalid move in a row ends the game, as TextArena rules).
+allowance applies: by TextArena's rule a second invalid move in a row ends the game;
+``error_allowance=k`` forgives ``k`` in a row.
 
 **Observations** are the game's messages since the last move (boards, hints, results;
 the echo of the move is left out), each game adding one line of what its hints have
@@ -46,8 +58,9 @@ env and swaps it in around every call into the game (under a lock), so an episod
 on ``task.seed`` and the moves only, and snapshots (a deep copy of the game plus that
 state) restore exactly.
 
-Each game has an oracle (a correct next move: binary search, the optimal Hanoi move from
-any position, a shortest path around the holes, a cell without a mine) and a
+Each of the four :data:`GAMES` has an oracle (a correct next move: binary search, the
+optimal Hanoi move from any position, a shortest path around the holes, a cell without a
+mine) and a
 random-but-plausible actor (a legal-looking move) for the warm start, state keys from
 the game state, ``progress()`` and ``abstract_state_key()``.
 """
@@ -55,11 +68,12 @@ the game state, ``progress()`` and ``abstract_state_key()``.
 from __future__ import annotations
 
 import copy
+import hashlib
 import random
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -68,12 +82,15 @@ from credo.envs.base import StepResult, Task, find_variant_seed, register_env
 from credo.envs.thirdparty import missing_package, register_env_scheme
 
 __all__ = [
+    "DEFAULT_TURNS",
     "GAMES",
+    "GENERIC",
     "MAX_ACTION_CHARS",
     "MAX_OBSERVATION_CHARS",
     "GameSpec",
     "TextArenaEnv",
     "hanoi_next_move",
+    "register_game",
 ]
 
 #: Only this many leading characters of an action are read (a move is a few characters).
@@ -96,24 +113,28 @@ class GameSpec:
         pattern: the move grammar (searched in the action, case-insensitive); its groups
             are the move's parts.
         canonical: the parts → the move as the game expects it (``"[A C]"``).
-        oracle: the game object → a correct next move.
-        sample: (game, rng) → a random plausible move.
+        oracle: the game object → a correct next move (``None``: no oracle, so no warm
+            start from demonstrations).
+        sample: (game, rng) → a random plausible move (``None``: none).
         state_key: the game → a canonical state string.
         progress: the game → progress in [0, 1].
         status: the game → a line of what the hints have shown so far (or ``""``).
         turns: default credo turn limit (moves the game rejects count too).
         goal: the game → a one-line goal and move format (``instruction="short"``).
+        vocabulary: the game → extra words its moves use (for the built-in word-level
+            tokenizer; the prompts' and messages' words are collected anyway).
     """
 
     pattern: re.Pattern[str]
     canonical: Callable[[tuple[str, ...]], str]
-    oracle: Callable[[Any], str]
-    sample: Callable[[Any, random.Random], str]
+    oracle: Callable[[Any], str] | None
+    sample: Callable[[Any, random.Random], str] | None
     state_key: Callable[[Any], str]
     progress: Callable[[Any], float]
     status: Callable[[Any], str]
     turns: Callable[[Any], int]
     goal: Callable[[Any], str]
+    vocabulary: Callable[[Any], Iterable[str]] | None = None
 
     def parse(self, action: str) -> str | None:
         """The canonical move in the first :data:`MAX_ACTION_CHARS` characters of
@@ -327,7 +348,9 @@ MINES = GameSpec(
     goal=lambda game: "reveal every cell without a mine : reply [row col]",
 )
 
-#: The supported game families (the part of a TextArena id before ``-v``).
+#: Game families with their own parsing, oracle, state key and progress (the part of a
+#: TextArena id before ``-v``); every other single-player game is played through
+#: :data:`GENERIC`. :func:`register_game` adds one (your own oracle or vocabulary).
 GAMES: dict[str, GameSpec] = {
     "GuessTheNumber": GUESS,
     "TowerOfHanoi": HANOI,
@@ -335,15 +358,61 @@ GAMES: dict[str, GameSpec] = {
     "Minesweeper": MINES,
 }
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _generic_state_key(game: Any) -> str:
+    """A digest of the game's state dict (TextArena keeps a game's whole state there);
+    object addresses are left out so that a restored copy has the same key."""
+    text = _ADDRESS.sub("", repr(getattr(game.state, "game_state", None)))
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+#: Any other single-player TextArena game: the first bracketed move of the reply is
+#: handed to the game (``[ 1 2 3 ]`` as ``[1 2 3]``), which parses and judges it with
+#: its own rules; no oracle, no plausible actor, progress 0 until won.
+GENERIC = GameSpec(
+    pattern=re.compile(r"\[([^\[\]\n]{1,200})\]"),
+    canonical=lambda g: "[" + " ".join(g[0].split()) + "]",
+    oracle=None,
+    sample=None,
+    state_key=_generic_state_key,
+    progress=lambda game: 0.0,
+    status=lambda game: "",
+    turns=lambda game: int(getattr(game.state, "max_turns", None) or DEFAULT_TURNS),
+    goal=lambda game: "win the game by its rules : reply with one move in square brackets",
+)
+
+#: The turn limit of a game that sets none (2048, Blackjack, PegJump, RushHour, ...).
+DEFAULT_TURNS = 50
+
+
+def register_game(family: str, **fields: Any) -> GameSpec:
+    """Play TextArena game ``family`` (``"Mastermind"``) with your own parts: any field
+    of :class:`GameSpec` (``oracle``, ``sample``, ``vocabulary``, ``pattern`` with
+    ``canonical``, ``state_key``, ``progress``, ``status``, ``turns``, ``goal``); the
+    others are :data:`GENERIC`'s. Call it in a module that ``$CREDO_ENV_MODULES`` names
+    (or that your ``--env module:...`` imports) so that it runs before the env is built::
+
+        # my_oracles.py
+        from credo.envs.textarena_env import register_game
+        register_game("Mastermind", oracle=my_mastermind_oracle)
+
+        CREDO_ENV_MODULES=my_oracles credo train --env textarena:Mastermind-v0
+    """
+    unknown = set(fields) - {f for f in GameSpec.__dataclass_fields__}
+    if unknown:
+        raise ValueError(
+            f"register_game({family!r}): unknown fields {sorted(unknown)}; valid: "
+            f"{', '.join(GameSpec.__dataclass_fields__)}"
+        )
+    spec = GameSpec(**{**GENERIC.__dict__, **fields})
+    GAMES[family] = spec
+    return spec
+
 
 def _family(game_id: str) -> str:
-    family = game_id.split("-v", 1)[0]
-    if family not in GAMES:
-        raise ValueError(
-            f"textarena game {game_id!r} is not supported; valid families: "
-            f"{', '.join(GAMES)} (ids such as GuessTheNumber-v0, TowerOfHanoi-v0-medium)"
-        )
-    return family
+    return game_id.split("-v", 1)[0]
 
 
 def _raw_id(game_id: str) -> str:
@@ -365,6 +434,8 @@ class TextArenaEnv:
         reward: ``"success"`` (0/1, default) or ``"game"`` (TextArena's final reward).
         instruction: ``"game"`` (the game's own prompt, default) or ``"short"`` (one line:
             the goal and the move format; cheaper prompts for small models).
+        error_allowance: invalid moves in a row a game forgives (default: the game's
+            own, 1: a second invalid move in a row ends it).
     """
 
     def __init__(
@@ -374,8 +445,9 @@ class TextArenaEnv:
         max_turns: int | None = None,
         reward: str = "success",
         instruction: str = "game",
+        error_allowance: int | None = None,
     ) -> None:
-        self.spec = GAMES[_family(game)]
+        self.spec = GAMES.get(_family(game), GENERIC)
         if reward not in ("success", "game"):
             raise ValueError(f"textarena reward must be 'success' or 'game', got {reward!r}")
         if instruction not in ("game", "short"):
@@ -396,9 +468,16 @@ class TextArenaEnv:
             raise ValueError(f"textarena has no game {game!r} (looked for {self._raw!r})")
         self.reward_kind = reward
         self._max_turns = max_turns
-        probe = textarena.make(self._raw)
-        with self._random(random.Random(0).getstate()):
-            probe.reset(num_players=1, seed=0)
+        if error_allowance is not None and (
+            isinstance(error_allowance, bool)
+            or not isinstance(error_allowance, int)
+            or error_allowance < 0
+        ):
+            raise ValueError(
+                f"textarena error_allowance must be an integer >= 0, got {error_allowance!r}"
+            )
+        self.error_allowance = error_allowance
+        probe = self._probe(textarena, game)
         self.max_turns = max_turns or self.spec.turns(probe)
         self.task: Task | None = None
         self._game: Any = probe
@@ -406,6 +485,45 @@ class TextArenaEnv:
         self._turn = 0
         self._done = self._won = False
         self._prompt = ""
+        if self.spec.oracle is not None:  # offered only when the game has one
+            self.oracle_action = self._oracle_action
+            self.privileged_context = self._privileged_context
+        if self.spec.sample is not None:
+            self.sample_action = self._sample_action
+
+    def _probe(self, textarena: Any, game: str) -> Any:
+        """The game reset once (seed 0), or one line on why it cannot be played here: it
+        needs a download (NLTK's word lists), an API key or several players."""
+        needs = _downloads(textarena, self._raw)
+        if needs:
+            raise ValueError(
+                f"textarena game {game!r} needs {needs}, which TextArena fetches from the "
+                "internet when the game is built; credo never downloads at run time, so it "
+                "cannot be played here"
+            )
+        try:
+            probe = textarena.make(self._raw)
+            with self._random(random.Random(0).getstate()), _quiet():
+                probe.reset(num_players=1, seed=0)
+        except LookupError as exc:  # nltk: "Resource 'words' not found"
+            found = re.search(r"Resource '?(\w+)'? not found", str(exc))
+            what = f"NLTK's {found[1]!r} data" if found else "data"
+            raise ValueError(
+                f"textarena game {game!r} needs {what}, which TextArena downloads at run time "
+                "and credo never does: it cannot be played offline"
+            ) from None
+        except Exception as exc:
+            first = " ".join(str(exc).split())[:200]
+            raise ValueError(
+                f"textarena game {game!r} cannot be played as a single-player game offline: "
+                f"{type(exc).__name__}: {first}"
+            ) from None
+        if type(probe.state).__name__ != "SinglePlayerState":
+            raise ValueError(
+                f"textarena game {game!r} is a {type(probe.state).__name__} game, not a "
+                "single-player one; credo plays TextArena's single-player games"
+            )
+        return probe
 
     # ------------------------------------------------------------ randomness
     @contextmanager
@@ -426,8 +544,10 @@ class TextArenaEnv:
         """Build the game from ``task.seed`` (``seed`` is unused)."""
         self.task = task
         self._game = self._ta.make(self._raw)
-        with self._random(random.Random(task.seed).getstate()):
+        with self._random(random.Random(task.seed).getstate()), _quiet():
             self._game.reset(num_players=1, seed=task.seed)
+        if self.error_allowance is not None:
+            self._game.state.error_allowance = self.error_allowance
         self._turn, self._done, self._won = 0, False, False
         messages = self._drain()
         self._prompt = "\n".join(m for kind, m in messages if kind == "PROMPT")
@@ -454,7 +574,7 @@ class TextArenaEnv:
         move = self.spec.parse(action)
         state = self._game.state
         errors = state.error_count
-        with self._random():
+        with self._random(), _quiet():
             game_done, _ = self._game.step(move if move is not None else "")
         self._turn += 1
         valid = (
@@ -468,7 +588,7 @@ class TextArenaEnv:
         if game_done or self._turn >= self.max_turns:
             self._done = True
             rewards, game_info = self._game.close()
-            final = float(rewards.get(0, 0.0)) if game_done else 0.0
+            final = _number(rewards.get(0, 0.0)) if game_done else 0.0
             success = self._won = bool(game_done and final >= 1.0)
             reason = game_info.get(0, {}).get("reason") if game_done else "turn limit reached"
             if reason:
@@ -499,21 +619,23 @@ class TextArenaEnv:
         self._game = copy.deepcopy(game)
 
     # ------------------------------------------------------------ helpers
-    def oracle_action(self) -> str:
+    # bound in __init__ as oracle_action / sample_action / privileged_context when the
+    # game's spec has an oracle (a plausible actor)
+    def _oracle_action(self) -> str:
         """A correct next move (see the module docstring)."""
         if self._done:
             raise RuntimeError("the episode is over")
-        return self.spec.oracle(self._game)
+        return self.spec.oracle(self._game)  # type: ignore[misc]
 
-    def sample_action(self, rng: random.Random) -> str:
+    def _sample_action(self, rng: random.Random) -> str:
         """A random plausible move (legal-looking; it may still lose)."""
         if self._done:
             raise RuntimeError("the episode is over")
-        return self.spec.sample(self._game, rng)
+        return self.spec.sample(self._game, rng)  # type: ignore[misc]
 
-    def privileged_context(self, kind: str) -> str | None:
-        """``"oracle"``: :meth:`oracle_action`; other kinds are not offered."""
-        return self.oracle_action() if kind == "oracle" and not self._done else None
+    def _privileged_context(self, kind: str) -> str | None:
+        """``"oracle"``: the oracle's move; other kinds are not offered."""
+        return self._oracle_action() if kind == "oracle" and not self._done else None
 
     def similar_task(self, task: Task, rng: random.Random) -> Task:
         """Every seed of one game id is a task of the same structure: a fresh seed."""
@@ -537,17 +659,67 @@ class TextArenaEnv:
 _VOCAB: dict[tuple[str, int | None, str], tuple[str, ...]] = {}
 
 
+def _number(reward: Any) -> float:
+    """A game's final reward as a number. Some games (Countdown, Cryptarithm, Slitherlink,
+    ThreeCardMonte in textarena 0.7.4) call ``set_invalid_move(progress, reason)`` with
+    the arguments swapped, leaving the reason text as the reward of a game lost by invalid
+    moves: that is a loss, reward 0."""
+    try:
+        return float(reward)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+#: What a game's source uses that is fetched from the internet when the game is built
+#: (found by reading the source, so the download never starts).
+_DOWNLOADERS = {
+    "nltk": "NLTK data (word lists, a tagger)",
+    "EnglishDictionary": "NLTK's word lists",
+    "OPENROUTER_API_KEY": "an OpenRouter API key (an LLM opponent or judge)",
+}
+
+
+def _downloads(textarena: Any, raw_id: str) -> str | None:
+    """What game ``raw_id``'s module fetches from the internet when it is imported or
+    built, read from its source file without importing it; ``None`` when nothing."""
+    from pathlib import Path
+
+    entry = textarena.envs.registration.ENV_REGISTRY[raw_id].entry_point
+    module = entry.split(":", 1)[0] if isinstance(entry, str) else ""
+    if not module.startswith("textarena."):
+        return None
+    path = Path(textarena.__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    source = path.read_text(errors="replace") if path.is_file() else ""
+    return next((what for marker, what in _DOWNLOADERS.items() if marker in source), None)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Some games print to stdout (boards, debug lines): credo's output is its own."""
+    import io
+    from contextlib import redirect_stdout
+
+    with redirect_stdout(io.StringIO()):
+        yield
+
+
 def _vocabulary(game_id: str, max_turns: int | None, instruction: str) -> tuple[str, ...]:
     key = (game_id, max_turns, instruction)
     if key not in _VOCAB:
         env = TextArenaEnv(game_id, max_turns=max_turns, instruction=instruction)
         words: set[str] = set()
         rng = random.Random(0)
+        oracle, sample = env.spec.oracle is not None, env.spec.sample is not None
         for seed in range(12):
             words.update(env.reset(Task("train", seed)).lower().split())
             words.update(env.instruction().lower().split())
+            if env.spec.vocabulary is not None:
+                words.update(w.lower() for w in env.spec.vocabulary(env._game))
+            if not (oracle or sample):  # a generic game: its prompts and boards only
+                continue
             for _ in range(env.max_turns):
-                action = env.oracle_action() if seed % 2 == 0 else env.sample_action(rng)
+                use_oracle = oracle and (seed % 2 == 0 or not sample)
+                action = env._oracle_action() if use_oracle else env._sample_action(rng)
                 words.update(action.lower().replace("[", " [ ").replace("]", " ] ").split())
                 res = env.step(action)
                 words.update(res.observation.lower().split())
