@@ -121,6 +121,7 @@ class AgentSession:
         self.weights_version = 0
         self._sampler: Any = None
         self._policy: Any = None
+        self._warned: set[str] = set()  # what this run was already told (once a run each)
 
     # ------------------------------------------------------------------ the server
     def _server_for(self, policy: Any, sampling: SamplingParams) -> Any:
@@ -166,7 +167,35 @@ class AgentSession:
             _log.warning("agent episode on task %s failed: %s", e.task_id, e.error)
         if len(failed) > 3:
             _log.warning("... and %d more failed agent episodes", len(failed) - 3)
+        self._warn_once(result.stats)
         return result
+
+    def _warn_once(self, stats: dict[str, float]) -> None:
+        """Say once a run what the recording could not do exactly as the agent ran: rows
+        of an edited history (``rollout/non_append_only``) and steps whose choice is not
+        known (``rollout/choice_unknown``); the metrics count every later one."""
+        edited = int(stats.get("rollout/non_append_only", 0))
+        if edited and "edited" not in self._warned:
+            self._warned.add("edited")
+            _log.warning(
+                "%d recorded steps have a prompt that does not extend the previous step's "
+                "prompt + reply (the agent edited or trimmed its history, or the chat "
+                "template rewrites earlier turns): each is trained on exactly the prompt the "
+                "model saw, as its own row; counted in rollout/non_append_only from now on "
+                "(docs/serve.md)",
+                edited,
+            )
+        unknown = int(stats.get("rollout/choice_unknown", 0))
+        if unknown and "choice" not in self._warned:
+            self._warned.add("choice")
+            _log.warning(
+                "%d recorded steps asked for several choices (n > 1) and the choice the agent "
+                "used could not be told, so choice 0 was recorded: return {'reward': r, "
+                "'choice': i} to name the choice of the last request, and pass the reply you "
+                "used on in the next request's messages; counted in rollout/choice_unknown "
+                "(docs/serve.md)",
+                unknown,
+            )
 
     def evaluate(
         self, policy: Any, sampling: SamplingParams, *, episodes: int, seed: int
