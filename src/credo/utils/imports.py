@@ -4,8 +4,9 @@
 A user runs credo from their project folder and names their code as they would run it:
 a dotted module found from the working folder (as ``python -m`` would), or a ``.py``
 file whose own folder is on the import path (as ``python path/to/file.py`` would, though
-after the installed packages), so that the file may import the modules beside it. Failures become one ``ValueError`` line
-naming the flag, never a traceback from inside the user's import.
+after the installed packages), so that the file may import the modules beside it.
+Failures become one ``ValueError`` line naming the flag, never a traceback from inside
+the user's import.
 """
 
 from __future__ import annotations
