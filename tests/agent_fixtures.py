@@ -5,7 +5,9 @@ env their task names (``examples.custom_env:GuessEnv``) through its text interfa
 wrote), so that even an untrained model's episodes get different rewards and the
 advantages are not all zero. ``flaky_agent`` is the same agent, except that the second
 episode of every training task raises after its first request, and held-out tasks with
-an odd seed raise before any request.
+an odd seed raise before any request. ``silent_agent`` never reaches the model: it raises
+before its first request in the first episode of each training task and otherwise
+returns a success without asking the model anything.
 """
 
 from __future__ import annotations
@@ -48,9 +50,15 @@ async def flaky_agent(task: Any, client: Any, session_id: str) -> dict[str, Any]
     return await agent(task, client, session_id)
 
 
-def not_async(task: Any, client: Any, session_id: str) -> float:
-    """Not an ``async def``: refused by ``--agent``."""
-    return 0.0
+async def silent_agent(task: Any, client: Any, session_id: str) -> dict[str, Any]:
+    """Never calls the model (module docstring)."""
+    if task.split == "train" and session_id.endswith("-0"):
+        raise RuntimeError("failed before the first request")
+    return {"reward": 0.5, "success": True}
+
+
+#: Not a function: refused by ``--agent``.
+NOT_CALLABLE = 3
 
 
 class NoOracleEnv:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from credo.train.config import ConfigError, apply_overrides, load_config, recipe_names
@@ -147,6 +149,31 @@ def test_warm_start_eval_cache_key_ignores_training_only_rollout_settings() -> N
     ):
         assert name(changed) != base, changed
     assert eval_cache_name(load_config("grpo"), "other", builtin=True) != base
+
+
+def test_warm_start_eval_cache_key_follows_the_agents_code(tmp_path: Path) -> None:
+    """An agent run's warm start is evaluated through the agent: editing the agent's
+    file (or a module beside it) in place, under the same ``--agent`` name, must not
+    find the evaluation of the old code."""
+    pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from credo.train.warmstart import eval_cache_name
+
+    agent, helper = tmp_path / "keyed_agent.py", tmp_path / "keyed_helper.py"
+    helper.write_text("REWARD = 1.0\n")
+
+    def name() -> str:
+        cfg = load_config("grpo", [f"rollout.agent={agent}:run"])
+        return eval_cache_name(cfg, "k", builtin=True)
+
+    agent.write_text("def run(task, client, session_id):\n    return 1.0\n")
+    first = name()
+    assert name() == first  # the same code: the same key
+    agent.write_text("def run(task, client, session_id):\n    return 0.0\n")
+    edited = name()
+    assert edited != first
+    helper.write_text("REWARD = 0.0\n")
+    assert name() not in (first, edited)
 
 
 def test_sft_steps_default_to_what_the_env_asks_for() -> None:

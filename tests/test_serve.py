@@ -839,6 +839,50 @@ def test_steps_follow_the_choice_the_agent_continued_with() -> None:
     assert [s.info["append_only"] for s in steps] == [True, True]
 
 
+def test_the_last_steps_choice_is_the_one_the_agent_names_else_marked_unknown() -> None:
+    """With n > 1 no later request shows which choice of the last request the agent
+    used: it is the ``choice`` the agent returned, else choice 0 marked unknown (never
+    silently choice 0). A history trimmed between turns still shows the choice used."""
+    u = {"role": "user", "content": "q"}
+    last = _call(0, [u], [1, 2], ["a", "b"])
+    named = session_to_episode([last], reward=1.0, success=True, last_choice=1)
+    assert named.steps[0].response_ids == [11, 3] and named.steps[0].action == "b"
+    assert named.steps[0].info["choice"] == 1 and named.steps[0].info["choice_known"]
+    (unnamed,) = calls_to_steps([last], reward=1.0)
+    assert unnamed.info["choice"] == 0 and unnamed.info["choice_known"] is False
+    same = _call(0, [u], [1, 2], ["a", "a"])  # equal replies: either is what the agent got
+    assert calls_to_steps([same])[0].info["choice_known"]
+    # an agent keeping only its last reply: the next request does not extend this one
+    history = [u, {"role": "assistant", "content": "b"}, {"role": "user", "content": "r"}]
+    mid = _call(0, history, [1, 2, 11, 3, 4], ["b", "c"])
+    trimmed = [{"role": "assistant", "content": "c"}, {"role": "user", "content": "s"}]
+    steps = calls_to_steps([mid, _call(1, trimmed, [12, 3, 5], ["d"])])
+    assert steps[0].info["choice"] == 1 and steps[0].info["choice_known"]
+    assert steps[0].info["append_only"] and not steps[1].info["append_only"]
+    # the appended reply repeats an earlier one: still the choice used
+    again = _call(1, [*history, {"role": "assistant", "content": "b"}], [1], ["d"])
+    assert [s.info["choice"] for s in calls_to_steps([mid, again])] == [0, 0]
+    assert calls_to_steps([mid, again])[0].info["choice_known"]
+
+
+def test_a_session_without_a_model_reply_is_a_failed_episode() -> None:
+    """An agent that returns without calling the model did nothing the policy can be
+    credited with: a failure (not a success with return 0), the reward it returned kept
+    in the error."""
+    ep = session_to_episode([], reward=0.75, success=True, task_id="t")
+    assert ep.steps == [] and ep.success is False
+    assert ep.error == (
+        "the agent never called the model: nothing the policy did to learn from, counted as "
+        "failed (the agent returned reward 0.75, success True)"
+    )
+    cut = _call(0, [{"role": "user", "content": "q"}], [1], ["a"])
+    cut.delivered = False
+    ep = session_to_episode([cut], reward=0.0)
+    assert ep.error is not None and ep.error.startswith("no reply of the model reached")
+    raised = session_to_episode([], error="agent: ValueError: boom")
+    assert raised.error == "agent: ValueError: boom"  # the agent's own error stays
+
+
 def test_recorder_closes_popped_sessions_and_bounds_its_size() -> None:
     rec = SessionRecorder(max_sessions=2)
     kw = {"messages": [], "prompt_ids": [1], "choices": [], "temperature": 1.0, "top_p": 1.0}
@@ -1004,27 +1048,126 @@ def test_load_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]
     )
     fn = load_agent(f"{f}:run")
     assert asyncio.run(fn(None, None, "s")) == 1.0
+    assert load_agent(f"{f}:sync")(None, None, "s") == 0  # a plain def runs in a thread
     assert load_agent("credo.serve.agents:_run_all") is not None  # a module:function spec
     for spec, match in [
         ("no_colon", "expected 'package.module:function'"),
         (f"{tmp_path}/missing.py:run", "no such file"),
         ("credo_no_such_module:run", "cannot import"),
         (f"{f}:nothing", "has no attribute 'nothing'"),
-        (f"{f}:sync", "must be an 'async def' function"),
+        ("credo.serve.agents:RESULT_KEYS", r"RESULT_KEYS \(of type tuple\) is not a function"),
     ]:
         with pytest.raises(ValueError, match=match):
             load_agent(spec)
+
+
+def test_load_agent_finds_modules_in_the_working_folder_and_beside_a_file(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """As ``--env`` does: ``module:fn`` is found from the working folder, and a file agent
+    imports the modules beside it."""
+    import sys
+
+    from credo.serve import load_agent
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folders added are undone
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    (tmp_path / "credo_test_cwd_agent.py").write_text(
+        "def run(task, client, session_id):\n    return 2.0\n"
+    )
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "credo_test_sibling.py").write_text("REWARD = 3.0\n")
+    (sub / "credo_test_file_agent.py").write_text(
+        "from credo_test_sibling import REWARD\n\n"
+        "def run(task, client, session_id):\n    return REWARD\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert load_agent("credo_test_cwd_agent:run")(None, None, "s") == 2.0
+    assert load_agent("sub/credo_test_file_agent.py:run")(None, None, "s") == 3.0
+    with pytest.raises(ValueError, match=r"importing 'sub/broken\.py' failed: NameError"):
+        (sub / "broken.py").write_text("nope\n")
+        load_agent("sub/broken.py:run")
+
+
+def _sync_agent(barrier: threading.Barrier):  # type: ignore[no-untyped-def]
+    """A plain ``def`` agent that blocks until all its peers are running at once."""
+
+    def agent(task: str, client, session_id: str) -> dict:  # type: ignore[no-untyped-def]
+        r = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": task}], max_tokens=2
+        )
+        barrier.wait()  # blocking: on a shared event loop the others could never arrive
+        return {"reward": 1.0 if r.choices[0].message.content is not None else 0.0}
+
+    return agent
+
+
+def test_sync_agents_run_in_threads_of_their_own(server) -> None:  # type: ignore[no-untyped-def]
+    """Four plain ``def`` agents that block until all four are in the same place at once:
+    they finish only if each runs in a thread of its own (the barrier breaks after 20 s
+    otherwise), with a synchronous client that sends its session header."""
+    barrier = threading.Barrier(4, timeout=20)
+    res = run_agent_episodes(
+        None,
+        _sync_agent(barrier),
+        ["hello", "red blue"],
+        group_size=2,
+        timeout_s=TIMEOUT,
+        server=server,
+    )
+    assert [e.error for e in res.episodes] == [None] * 4
+    assert [len(e.steps) for e in res.episodes] == [1, 1, 1, 1]
+    assert [e.ret for e in res.episodes] == [1.0] * 4 and not barrier.broken
+    assert res.stats["rollout/agent_errors"] == 0 and res.stats["rollout/requests"] == 4
+
+
+async def _two_choice_agent(task: str, client, session_id: str) -> dict:  # type: ignore[no-untyped-def]
+    """Asks for 4 choices and goes on with the last one that differs from choice 0; names
+    it in its result when the task says so."""
+    msgs = [{"role": "user", "content": task}]
+    r = await client.chat.completions.create(model="m", messages=msgs, n=4, max_tokens=4)
+    texts = [c.message.content for c in r.choices]
+    used = max((i for i, t in enumerate(texts) if t != texts[0]), default=0)
+    _two_choice_agent.used[session_id] = (used, texts[used])  # type: ignore[attr-defined]
+    return {"reward": 1.0, "choice": used} if task == "name it" else {"reward": 1.0}
+
+
+def test_the_recorded_last_step_is_the_choice_the_agent_used(server) -> None:  # type: ignore[no-untyped-def]
+    _two_choice_agent.used = {}  # type: ignore[attr-defined]
+    res = run_agent_episodes(
+        None,
+        _two_choice_agent,
+        ["name it", "keep quiet"],
+        group_size=1,
+        timeout_s=TIMEOUT,
+        server=server,
+        generator=torch.Generator().manual_seed(1),
+    )
+    named, quiet = res.episodes
+    assert named.error is None and quiet.error is None
+    used = _two_choice_agent.used  # type: ignore[attr-defined]
+    (n_used, n_text), (q_used, _) = (used[e.steps[0].info["session"]] for e in res.episodes)
+    assert n_used > 0 and q_used > 0  # the seeded draws have choices that differ
+    assert named.steps[0].info["choice"] == n_used and named.steps[0].info["choice_known"]
+    assert named.steps[0].action == n_text
+    # not named: recorded as choice 0, but said to be unknown and counted
+    assert quiet.steps[0].info["choice"] == 0 and quiet.steps[0].info["choice_known"] is False
+    assert res.stats["rollout/choice_unknown"] == 1.0
 
 
 def test_parse_agent_result() -> None:
     assert parse_agent_result(1) == (1.0, True)
     assert parse_agent_result(0.0) == (0.0, False)
     assert parse_agent_result({"reward": -1, "success": True}) == (-1.0, True)
+    assert parse_agent_result({"reward": 1, "choice": 2}) == (1.0, True)
     for bad, match in [
         (None, "must return a finite number"),
         (float("nan"), "must return a finite number"),
         ({"score": 1}, "accepted: 'reward'"),
         ({"reward": 1, "success": "yes"}, "'success' must be true or false"),
+        ({"reward": 1, "choice": -1}, "'choice' must be an integer ≥ 0"),
+        ({"reward": 1, "choice": True}, "'choice' must be an integer ≥ 0"),
     ]:
         with pytest.raises(ValueError, match=match):
             parse_agent_result(bad)
@@ -1129,7 +1272,8 @@ def test_server_thread_is_not_left_behind(policy) -> None:  # type: ignore[no-un
 def test_episode_types() -> None:
     """The conversion produces the data model's own types."""
     ep = session_to_episode([], reward=1.0, success=True)
-    assert isinstance(ep, Episode) and ep.steps == [] and ep.success
+    assert isinstance(ep, Episode) and ep.steps == []
+    assert not ep.success and ep.error is not None  # no model call: not a success
     assert isinstance(
         calls_to_steps([_call(0, [{"role": "user", "content": "q"}], [1], ["a"])])[0], Step
     )

@@ -101,6 +101,75 @@ def test_a_raising_agent_fails_only_its_episode(tmp_path: Path) -> None:
     assert res.final is not None and res.final.errors == odd and res.final.episodes == 4
 
 
+def test_iterations_where_no_agent_reaches_the_model_are_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every agent raises before its first request or returns without one: the run does
+    not die on a forest without tokens; each iteration is skipped (weights unchanged,
+    ``rollout/skipped``), the run says so in one line once, and an episode that never
+    reached the model is a failure, never a held-out success (its reward in its error)."""
+    cfg = load_config("grpo", _tiny(tmp_path, "silent", 2, f"rollout.agent={AGENTS}:silent_agent"))
+    res = train(cfg, quiet=True)
+    assert res.iterations == 2 and not res.interrupted
+    for r in res.metrics:  # 2 tasks x 3 episodes, none with a step
+        assert r["rollout/skipped"] == 1.0
+        assert r["rollout/agent_no_model_calls"] == 6.0 and r["rollout/agent_errors"] == 6.0
+        assert r["rollout/success_rate"] == 0.0 and r["rollout/env_steps"] == 0
+        assert "policy/grad_norm" not in r  # no update
+    assert res.warm is not None and res.final is not None
+    for ev in (res.warm, res.final):  # held-out: 4 failures, not 4 successes
+        assert ev.episodes == 4 and ev.errors == 4
+        assert ev.success_rate == 0.0 and ev.mean_turns == 0.0
+    err = capsys.readouterr().err
+    assert err.count("had no step to train on and was skipped") == 1
+    said = "the agent never called the model: nothing the policy did to learn from, counted as "
+    assert f"{said}failed (the agent returned reward 0.5, success True)" in caplog.text
+    before = build_run(cfg).policy.model.state_dict()
+    after = HFPolicy.from_pretrained(res.run_dir / "final_policy").model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_edited_histories_and_unknown_choices_are_warned_once_a_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent that drops its history between turns (each step's prompt does not extend
+    the previous one) and asks for two choices without naming the one it used: the run
+    says so once each, the metrics count every occurrence."""
+    from credo.agent.sampler import AgentParams, AgentSession
+    from credo.policy.base import SamplingParams
+    from credo.policy.tiny import TinyModelConfig, create_tiny_policy
+
+    f = tmp_path / "forgetful_agent.py"
+    f.write_text(
+        "async def run(task, client, session_id):\n"
+        "    for text in ('red', 'blue'):\n"
+        "        await client.chat.completions.create(\n"
+        "            model='m', messages=[{'role': 'user', 'content': text}], n=2\n"
+        "        )\n"
+        "    return 1.0\n"
+    )
+    small = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    policy = create_tiny_policy(["red", "blue", "green", "one", "two"], small, seed=0)
+    session = AgentSession(AgentParams(agent=f"{f}:run", timeout_s=60))
+    try:
+        stats = [
+            session.sample(
+                policy,
+                SamplingParams(max_new_tokens=3),
+                [Task.make("train", i) for i in range(2)],
+                2,
+                torch.Generator().manual_seed(i),
+            ).stats
+            for i in range(2)
+        ]
+    finally:
+        assert session.close()
+    assert [s["rollout/non_append_only"] for s in stats] == [4.0, 4.0]  # 2nd step of 4 eps
+    assert all(s["rollout/choice_unknown"] > 0 for s in stats)
+    assert caplog.text.count("does not extend the previous step's prompt") == 1
+    assert caplog.text.count("the choice the agent used could not be told") == 1
+
+
 @pytest.mark.slow
 def test_resume_with_the_agent_sampler_continues_exactly(tmp_path: Path) -> None:
     """With one agent at a time the server's batches, hence the samples, do not depend
@@ -127,7 +196,10 @@ def test_resume_with_the_agent_sampler_continues_exactly(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ([f"rollout.agent={AGENTS}:not_async"], "must be an 'async def' function"),
+        (
+            [f"rollout.agent={AGENTS}:NOT_CALLABLE"],
+            r"NOT_CALLABLE \(of type int\) is not a function",
+        ),
         (["rollout.agent=tests/no_such_file.py:agent"], "no such file"),
         (["rollout.agent=no_colon"], "expected 'package.module:function'"),
         ([f"rollout.agent={AGENTS}:agent", "rollout.sampler=tree"], "rollout.sampler must stay"),

@@ -788,7 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--agent",
         metavar="MODULE:FUNCTION",
-        help="train an async agent written against the OpenAI API (rollout.agent; "
+        help="train an agent written against the OpenAI API (rollout.agent; "
         "e.g. examples/openai_agent.py:run; needs the serve extra)",
     )
     t.add_argument("--quiet", action="store_true", help="no progress bar")

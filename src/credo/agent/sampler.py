@@ -1,9 +1,10 @@
 """Training an agent written against the OpenAI API: the ``agent`` sampler.
 
 ``credo train --agent module:function`` (config ``rollout.agent``) trains the user's
-async agent function unchanged: every iteration credo calls
+agent function unchanged: every iteration credo calls
 ``agent(task, client, session_id)`` ``rollout.group_size`` times per task, with an
-``openai.AsyncOpenAI`` client pointed at the policy being trained (served by
+``openai.AsyncOpenAI`` client (``openai.OpenAI`` for a plain ``def`` agent, which runs in
+a thread of its own) pointed at the policy being trained (served by
 :mod:`credo.serve` on 127.0.0.1), and turns what the server recorded into the same
 :class:`~credo.rollout.RolloutResult` the built-in samplers return — so the steps go
 through the same credit estimators, objectives and checkpoints. See ``docs/serve.md``.
@@ -29,9 +30,14 @@ with the request, else by the text new since the model's last reply (its observa
 steps with equal keys in a group share GiGPO-style step groups, and each task is one
 episode group (group ``i`` for task ``i``).
 
-Failures: an agent that raises, times out (``rollout.agent_timeout_s``) or returns no
-valid reward fails its own episode (``Episode.error``, reward 0, its recorded steps kept),
-counted in ``rollout/agent_errors`` and ``rollout/agent_timeouts``; the run goes on.
+Failures: an agent that raises, times out (``rollout.agent_timeout_s``), returns no
+valid reward or never gets a reply from the model fails its own episode
+(``Episode.error``, reward 0, its recorded steps kept), counted in
+``rollout/agent_errors``, ``rollout/agent_timeouts`` and ``rollout/agent_no_model_calls``;
+the run goes on (an iteration in which no episode has a step is skipped:
+:mod:`credo.train.iteration`). Steps of an edited history (``rollout/non_append_only``)
+and of requests with several choices whose used choice is unknown
+(``rollout/choice_unknown``) are warned about once a run.
 
 Reproducibility: every call samples from the iteration's seeded generator. Requests that
 arrive together are batched, and which ones share a batch depends on timing, so runs are
@@ -78,8 +84,8 @@ class AgentParams:
 
     Attributes:
         agent: ``package.module:function`` or ``path/to/file.py:function``, an
-            ``async def agent(task, client, session_id)`` returning the reward or
-            ``{"reward": r, "success": bool}``.
+            ``agent(task, client, session_id)`` (``async def`` or ``def``) returning the
+            reward or ``{"reward": r, "success": bool, "choice": i}``.
         timeout_s: the longest one agent episode may take, in seconds (default 300).
         max_concurrency: most agent episodes running at once (default ``None``: all of
             an iteration's; 1 makes sampling bit-for-bit reproducible).
@@ -96,7 +102,7 @@ class AgentParams:
 
 def check_agent_spec(spec: str) -> None:
     """Fail with one line when ``spec`` cannot be trained: the ``serve`` extra is missing
-    (``ImportError``) or the spec does not name an ``async def`` function
+    (``ImportError``) or the spec does not name a function
     (``ValueError``, from :func:`credo.serve.load_agent`)."""
     try:
         from credo.serve import load_agent
@@ -121,6 +127,7 @@ class AgentSession:
         self.weights_version = 0
         self._sampler: Any = None
         self._policy: Any = None
+        self._warned: set[str] = set()  # what this run was already told (once a run each)
 
     # ------------------------------------------------------------------ the server
     def _server_for(self, policy: Any, sampling: SamplingParams) -> Any:
@@ -166,7 +173,35 @@ class AgentSession:
             _log.warning("agent episode on task %s failed: %s", e.task_id, e.error)
         if len(failed) > 3:
             _log.warning("... and %d more failed agent episodes", len(failed) - 3)
+        self._warn_once(result.stats)
         return result
+
+    def _warn_once(self, stats: dict[str, float]) -> None:
+        """Say once a run what the recording could not do exactly as the agent ran: rows
+        of an edited history (``rollout/non_append_only``) and steps whose choice is not
+        known (``rollout/choice_unknown``); the metrics count every later one."""
+        edited = int(stats.get("rollout/non_append_only", 0))
+        if edited and "edited" not in self._warned:
+            self._warned.add("edited")
+            _log.warning(
+                "%d recorded steps have a prompt that does not extend the previous step's "
+                "prompt + reply (the agent edited or trimmed its history, or the chat "
+                "template rewrites earlier turns): each is trained on exactly the prompt the "
+                "model saw, as its own row; counted in rollout/non_append_only from now on "
+                "(docs/serve.md)",
+                edited,
+            )
+        unknown = int(stats.get("rollout/choice_unknown", 0))
+        if unknown and "choice" not in self._warned:
+            self._warned.add("choice")
+            _log.warning(
+                "%d recorded steps asked for several choices (n > 1) and the choice the agent "
+                "used could not be told, so choice 0 was recorded: return {'reward': r, "
+                "'choice': i} to name the choice of the last request, and pass the reply you "
+                "used on in the next request's messages; counted in rollout/choice_unknown "
+                "(docs/serve.md)",
+                unknown,
+            )
 
     def evaluate(
         self, policy: Any, sampling: SamplingParams, *, episodes: int, seed: int
@@ -240,7 +275,7 @@ def agent_params(cfg: Any) -> AgentParams:
 
 def agent_problem(cfg: Any) -> str | None:
     """Why ``cfg`` cannot train an agent, in one line (``None``: it can): the agent sampler's
-    check at config load. ``rollout.agent`` names a loadable ``async def`` (the ``serve``
+    check at config load. ``rollout.agent`` names a loadable function (the ``serve``
     extra installed), the env loop's add-ons are off, and a warm start needs an env with
     an oracle."""
     r = cfg.rollout

@@ -77,14 +77,13 @@ from __future__ import annotations
 
 import copy
 import importlib
-import importlib.util
 import os
 import random
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from credo.utils.imports import add_cwd_to_path, import_user_module
 from credo.utils.registry import Registry
 
 __all__ = [
@@ -410,7 +409,7 @@ def _entry_points() -> dict[str, Any]:
 def _import_env_modules() -> None:
     """Import the modules named in ``$CREDO_ENV_MODULES`` (their envs register)."""
     for module in filter(None, (m.strip() for m in os.environ.get(ENV_MODULES_VAR, "").split(","))):
-        _add_cwd_to_path()
+        add_cwd_to_path()
         try:
             importlib.import_module(module)
         except ImportError as exc:
@@ -443,43 +442,10 @@ def env_sources() -> dict[str, str]:
     return out
 
 
-def _add_cwd_to_path() -> None:
-    if os.getcwd() not in sys.path:  # `--env mymodule:MyEnv` from the project folder
-        sys.path.insert(0, os.getcwd())
-
-
 def _import_module(name: str, module_name: str) -> Any:
-    """Import ``module_name``: a dotted module (the working folder is on the path) or a
-    ``.py`` file path."""
-    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
-        path = os.path.abspath(os.path.expanduser(module_name))
-        if not os.path.isfile(path):
-            raise ValueError(f"--env {name!r}: no such file {module_name!r}")
-        mod_name = "credo_env_" + os.path.splitext(os.path.basename(path))[0]
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"--env {name!r}: cannot load {module_name!r} as a Python file")
-        if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", "") == path:
-            return sys.modules[mod_name]
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[mod_name]
-            raise ValueError(
-                f"--env {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-            ) from None
-        return module
-    _add_cwd_to_path()
-    try:
-        return importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"--env {name!r}: cannot import module {module_name!r}: {exc}") from None
-    except Exception as exc:
-        raise ValueError(
-            f"--env {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from None
+    """Import ``module_name`` of ``--env name``: a dotted module (the working folder is on
+    the path) or a ``.py`` file path (:func:`credo.utils.imports.import_user_module`)."""
+    return import_user_module(name, module_name, flag="--env", prefix="credo_env_")
 
 
 def _check_env_class(name: str, factory: Any) -> EnvFactory:

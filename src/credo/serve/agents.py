@@ -1,31 +1,42 @@
 """Training agents written against the OpenAI API: :func:`run_agent_episodes`.
 
-The user's agent is an ordinary async function::
+The user's agent is an ordinary function, ``async def`` or plain ``def``::
 
     async def agent(task, client, session_id) -> float | dict:
         reply = await client.chat.completions.create(model="any", messages=[...])
         ...
-        return reward            # or {"reward": r, "success": True}
+        return reward            # or {"reward": r, "success": True, "choice": i}
 
-``client`` is an ``openai.AsyncOpenAI`` pointed at the policy server; it already sends
-the episode's session id in the ``X-Credo-Session`` header, so the agent needs no credo
-code (``session_id`` is passed for agents that make their own clients: send it as that
-header or as ``user``). Each task is run ``group_size`` times concurrently (at most
-``max_concurrency`` agents at once), each run bounded by ``timeout_s``; every session
-becomes an :class:`~credo.data.Episode` (:func:`~credo.serve.recorder.session_to_episode`)
-in group ``i`` for task ``i``, and the result is the :class:`~credo.rollout.RolloutResult`
-the built-in samplers return. An agent that raises, times out or returns something that
-is not a reward fails its own episode (``Episode.error`` says why); the others go on.
+``client`` is an ``openai.AsyncOpenAI`` (an ``openai.OpenAI`` for a plain ``def``
+agent) pointed at the policy server; it already sends the episode's session id in the
+``X-Credo-Session`` header, so the agent needs no credo code (``session_id`` is passed
+for agents that make their own clients: send it as that header or as ``user``). Each task
+is run ``group_size`` times concurrently (at most ``max_concurrency`` agents at once),
+each run bounded by ``timeout_s``; every session becomes an :class:`~credo.data.Episode`
+(:func:`~credo.serve.recorder.session_to_episode`) in group ``i`` for task ``i``, and the
+result is the :class:`~credo.rollout.RolloutResult` the built-in samplers return.
+
+A plain ``def`` agent runs in a thread of its own, so that a blocking call in it
+(``time.sleep``, a synchronous HTTP tool) does not stall the other agents, which share
+one event loop. The threads are daemon threads rather than an executor's: a sync agent
+past its timeout cannot be stopped, and an executor would make the iteration wait for
+it; it runs on unobserved, and its session's later requests are no longer recorded.
+
+An agent that raises, times out, returns something that is not a reward, or never gets
+a reply from the model (it returned without calling it) fails its own episode
+(``Episode.error`` says why, with the reward it returned); the others go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import math
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -34,31 +45,53 @@ from credo.data import Episode
 from credo.rollout import RolloutResult, Trajectory, trajectories_to_forest
 from credo.serve.recorder import SessionRecorder, session_to_episode
 from credo.serve.server import PolicyServer
+from credo.utils.imports import import_user_module
 
-__all__ = ["AgentFn", "load_agent", "parse_agent_result", "run_agent_episodes"]
+__all__ = [
+    "AgentFn",
+    "agent_choice",
+    "is_async_agent",
+    "load_agent",
+    "parse_agent_result",
+    "run_agent_episodes",
+]
 
-#: ``agent(task, client, session_id)`` → reward or ``{"reward": float, "success": bool}``.
-AgentFn = Callable[[Any, Any, str], Awaitable[Any]]
+#: ``agent(task, client, session_id)`` (``async def`` or ``def``) → reward or
+#: ``{"reward": float, "success": bool, "choice": int}``.
+AgentFn = Callable[[Any, Any, str], Any]
+
+#: The keys an agent's result dict may have.
+RESULT_KEYS = ("reward", "success", "choice")
+
+
+def is_async_agent(fn: Any) -> bool:
+    """``fn`` is an ``async def`` function (or an object with an ``async def __call__``):
+    it runs on the agents' event loop; anything else callable runs in a thread."""
+    return inspect.iscoroutinefunction(fn) or (
+        not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+    )
 
 
 def parse_agent_result(value: Any) -> tuple[float, bool]:
     """An agent's return value → ``(reward, success)``.
 
     Accepted: a finite number (success = reward > 0) or a dict with a finite number
-    ``"reward"`` and an optional bool ``"success"`` (default reward > 0). Raises
-    ``ValueError`` naming what was wrong otherwise.
+    ``"reward"``, an optional bool ``"success"`` (default reward > 0) and an optional
+    ``"choice"`` (:func:`agent_choice`). Raises ``ValueError`` naming what was wrong
+    otherwise.
     """
     success: Any = None
     if isinstance(value, dict):
-        unknown = sorted(set(value) - {"reward", "success"})
+        unknown = sorted(set(value) - set(RESULT_KEYS))
         if unknown or "reward" not in value:
             raise ValueError(
                 f"the agent returned a dict with keys {sorted(value)}; accepted: 'reward' "
-                "(required) and 'success'"
+                "(required), 'success' and 'choice'"
             )
         success = value.get("success")
         if success is not None and not isinstance(success, bool):
             raise ValueError(f"the agent's 'success' must be true or false, got {success!r}")
+        agent_choice(value)
         value = value["reward"]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(
@@ -68,8 +101,56 @@ def parse_agent_result(value: Any) -> tuple[float, bool]:
     return float(value), bool(value > 0) if success is None else success
 
 
+def agent_choice(value: Any) -> int | None:
+    """The ``"choice"`` an agent's result dict names: the index of the choice of its
+    last request that it used, when it asked for several (``n`` > 1). No later request
+    shows which one that was, so without it the last step's choice is unknown
+    (:func:`~credo.serve.recorder.calls_to_steps`). ``None`` when not given; raises
+    ``ValueError`` when it is not an integer ≥ 0."""
+    if not isinstance(value, dict) or value.get("choice") is None:
+        return None
+    choice = value["choice"]
+    if isinstance(choice, bool) or not isinstance(choice, int) or choice < 0:
+        raise ValueError(f"the agent's 'choice' must be an integer ≥ 0, got {choice!r}")
+    return choice
+
+
+#: What one agent run came to: ``(reward, success, error, choice of the last request)``.
+Outcome = tuple[float, bool, str | None, int | None]
+
+
 def _task_id(task: Any) -> str:
     return str(getattr(task, "id", task))
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any, name: str) -> asyncio.Future[Any]:
+    """``fn(*args)`` on a daemon thread of its own, as a future of the running loop (the
+    module docstring says why not an executor). A result that arrives after the future
+    was cancelled (the agent timed out) or after the loop closed is dropped."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def target() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, fn(*args))
+        except Exception as exc:  # handed to the loop, which reports it as the agent's
+            outcome = (False, exc)
+        except BaseException as exc:  # sys.exit() in an agent ends its episode, not the run
+            outcome = (False, RuntimeError(f"{type(exc).__name__}: {exc}"))
+        # a closed loop (RuntimeError): nobody waits for this agent any more
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return fut
 
 
 async def _run_all(
@@ -81,31 +162,45 @@ async def _run_all(
     sessions: list[list[str]],
     timeout_s: float,
     max_concurrency: int,
-) -> list[list[tuple[float, bool, str | None]]]:
+) -> list[list[Outcome]]:
     import openai
 
     limit = asyncio.Semaphore(max_concurrency)
-    client = openai.AsyncOpenAI(
-        base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s
-    )
+    run_async = is_async_agent(agent_fn)
+    options = {"base_url": base_url, "api_key": api_key, "max_retries": 0, "timeout": timeout_s}
+    client: Any = openai.AsyncOpenAI(**options) if run_async else openai.OpenAI(**options)
 
-    async def one(task: Any, sid: str) -> tuple[float, bool, str | None]:
+    async def call(task: Any, sid: str) -> Any:
         own = client.with_options(default_headers={"X-Credo-Session": sid})
+        if run_async:
+            return await agent_fn(task, own, sid)
+        value = await _in_thread(agent_fn, task, own, sid, name=f"credo-agent-{sid}")
+        if inspect.isawaitable(value):
+            getattr(value, "close", lambda: None)()
+            raise TypeError(
+                "the agent returned an awaitable: make it an 'async def' function, or a "
+                "plain 'def' that returns the reward"
+            )
+        return value
+
+    async def one(task: Any, sid: str) -> Outcome:
         async with limit:
             try:
-                value = await asyncio.wait_for(agent_fn(task, own, sid), timeout_s)
+                value = await asyncio.wait_for(call(task, sid), timeout_s)
                 reward, success = parse_agent_result(value)
-                return reward, success, None
+                return reward, success, None, agent_choice(value)
             except asyncio.TimeoutError:
-                return 0.0, False, f"agent: timed out after {timeout_s} s"
+                return 0.0, False, f"agent: timed out after {timeout_s} s", None
             except Exception as exc:  # the agent's failure is its episode's, not the run's
-                return 0.0, False, f"agent: {type(exc).__name__}: {exc}"
+                return 0.0, False, f"agent: {type(exc).__name__}: {exc}", None
 
     try:
         coros = [one(t, sid) for t, row in zip(tasks, sessions) for sid in row]
         flat = await asyncio.gather(*coros)
     finally:
-        await client.close()
+        closed = client.close()
+        if inspect.isawaitable(closed):
+            await closed
     return [flat[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
 
 
@@ -151,7 +246,8 @@ def run_agent_episodes(
 
     Args:
         policy: the policy to serve (ignored when ``server`` is given).
-        agent_fn: ``async agent(task, client, session_id)`` (see the module docstring).
+        agent_fn: ``agent(task, client, session_id)``, ``async def`` or ``def`` (see the
+            module docstring).
         tasks: the tasks (any objects; ``task.id`` names them when present); task ``i``
             becomes group ``i``.
         group_size: G, runs per task.
@@ -171,9 +267,13 @@ def run_agent_episodes(
 
     Returns:
         A :class:`~credo.rollout.RolloutResult`: one chain per session, the episodes in
-        task-major order, ``stats`` with ``rollout/agent_errors``,
-        ``rollout/agent_timeouts``, ``rollout/requests`` and ``rollout/non_append_only``
-        (steps whose prompt does not extend the previous step's prompt + response).
+        task-major order, ``stats`` with ``rollout/agent_errors`` (failed episodes),
+        ``rollout/agent_timeouts``, ``rollout/agent_no_model_calls`` (episodes without a
+        model reply: failed, their reward in the error), ``rollout/requests``,
+        ``rollout/non_append_only`` (steps whose prompt does not extend the previous
+        step's prompt + response: the agent edited its history) and
+        ``rollout/choice_unknown`` (steps of a request with several choices where the
+        choice the agent used could not be told; recorded as choice 0).
     """
     if group_size < 1:
         raise ValueError(f"group_size must be ≥ 1, got {group_size}")
@@ -222,7 +322,7 @@ def run_agent_episodes(
     episodes: list[Episode] = []
     requests = 0
     for i, task in enumerate(tasks):
-        for sid, (reward, success, error) in zip(sessions[i], outcomes[i]):
+        for sid, (reward, success, error, last_choice) in zip(sessions[i], outcomes[i]):
             partial = recorder.lost(sid)  # checked before pop: the calls may be dropped
             calls = recorder.pop(sid)
             requests += len(calls)
@@ -239,11 +339,13 @@ def run_agent_episodes(
                     group=i,
                     task_id=_task_id(task),
                     error=error,
+                    last_choice=last_choice,
                 )
             )
     trajectories = [Trajectory(e) for e in episodes]
     forest = trajectories_to_forest(trajectories)[0]
     errors = [e.error or "" for e in episodes]
+    steps = [s for e in episodes for s in e.steps]
     return RolloutResult(
         forest=forest,
         episodes=episodes,
@@ -253,9 +355,13 @@ def run_agent_episodes(
         stats={
             "rollout/agent_errors": float(sum(bool(x) for x in errors)),
             "rollout/agent_timeouts": float(sum("timed out" in x for x in errors)),
+            "rollout/agent_no_model_calls": float(sum(not e.steps for e in episodes)),
             "rollout/requests": float(requests),
             "rollout/non_append_only": float(
-                sum(not s.info.get("append_only", True) for e in episodes for s in e.steps)
+                sum(not s.info.get("append_only", True) for s in steps)
+            ),
+            "rollout/choice_unknown": float(
+                sum(not s.info.get("choice_known", True) for s in steps)
             ),
         },
         trajectories=trajectories,
@@ -263,44 +369,32 @@ def run_agent_episodes(
 
 
 def load_agent(spec: str) -> AgentFn:
-    """The agent function named by ``spec``: ``package.module:function`` or
-    ``path/to/file.py:function`` (what ``credo train --agent`` takes).
+    """The agent function named by ``spec``: ``package.module:function`` (found from the
+    working folder too) or ``path/to/file.py:function`` (which may import the modules
+    beside it), as ``credo train --agent`` takes; imported as ``--env`` imports
+    (:func:`credo.utils.imports.import_user_module`).
 
     Raises:
-        ValueError: ``spec`` is malformed, the module or file cannot be found, or the
-            name is not an ``async def`` function — one line saying which and what is
+        ValueError: ``spec`` is malformed, the module or file cannot be found or fails to
+            import, or the name is not a function — one line saying which and what is
             accepted.
     """
-    import importlib
-    import importlib.util
-    import inspect
-    from pathlib import Path
-
     module_name, sep, func_name = spec.rpartition(":")
     if not sep or not module_name or not func_name.isidentifier():
         raise ValueError(
             f"--agent {spec!r}: expected 'package.module:function' or 'path/to/file.py:function'"
         )
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise ValueError(f"--agent {spec!r}: no such file {path}")
-        mod_spec = importlib.util.spec_from_file_location(f"credo_agent_{path.stem}", path)
-        if mod_spec is None or mod_spec.loader is None:
-            raise ValueError(f"--agent {spec!r}: cannot load {path} as a Python module")
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            raise ValueError(f"--agent {spec!r}: cannot import {module_name!r} ({exc})") from None
+    # fresh: each load reads the file anew, so an agent edited between runs of one
+    # process is the edited one
+    module = import_user_module(
+        spec, module_name, flag="--agent", prefix="credo_agent_", fresh=True
+    )
     fn = getattr(module, func_name, None)
     if fn is None:
         raise ValueError(f"--agent {spec!r}: {module_name} has no attribute {func_name!r}")
-    if not inspect.iscoroutinefunction(fn):
+    if not callable(fn) or isinstance(fn, type):
         raise ValueError(
-            f"--agent {spec!r}: {func_name} must be an 'async def' function "
-            "agent(task, client, session_id) returning a reward"
+            f"--agent {spec!r}: {func_name} (of type {type(fn).__name__}) is not a function "
+            "agent(task, client, session_id) returning a reward ('async def' or 'def')"
         )
     return fn

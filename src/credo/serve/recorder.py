@@ -12,9 +12,14 @@ log-probs. A finished session becomes credo steps without re-tokenising any text
   rewrites earlier turns (not append-only), the step keeps what the model actually saw,
   and ``info["append_only"]`` says whether the previous step's prompt + response was a
   prefix of this prompt;
-- with ``n`` > 1 the step takes the choice the agent continued with (the choice whose
-  reply is the next request's assistant message after this call's messages), else
-  choice 0; the other choices are not steps (they have no continuation or reward);
+- with ``n`` > 1 the step takes the choice the agent used: the choice whose reply is the
+  newest assistant message of the session's next request that this request did not
+  already hold (right after this call's messages for an agent that appends; anywhere for
+  one that trims its history); for the last request, the ``choice`` the agent returned
+  (``{"reward": r, "choice": i}``), as no later request shows it. Choices with equal
+  replies are one. When none of that tells, the step is choice 0 with
+  ``info["choice_known"] = False`` (counted in ``rollout/choice_unknown``); the other
+  choices are not steps (they have no continuation or reward);
 - a call whose reply could not be written in full (the client disconnected mid-stream) is
   kept in the record with ``delivered=False`` but is not a step;
 - the reward is given to the last step; ``state`` is the ``X-Credo-State`` header the
@@ -28,7 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,18 +258,42 @@ def _reply_key(content: str | None, calls: list[dict[str, Any]] | None) -> tuple
     return ((content or "").strip(), c)
 
 
-def _chosen(call: RecordedCall, nxt: RecordedCall | None) -> int:
-    """The choice of ``call`` the next call continued with (0 when none can be told)."""
-    if nxt is None or len(call.choices) == 1:
-        return 0
+def _chosen(
+    call: RecordedCall, nxt: RecordedCall | None, last_choice: int | None
+) -> tuple[int, bool]:
+    """``(index, known)``: the choice of ``call`` the agent used (module docstring);
+    ``(0, False)`` when it cannot be told. ``last_choice``: the choice the agent named
+    for its last request (used when there is no next request)."""
+    if len(call.choices) == 1:
+        return 0, True
+    if nxt is None and last_choice is not None and 0 <= last_choice < len(call.choices):
+        return last_choice, True
+    keys = [_reply_key(ch.content, ch.tool_calls) for ch in call.choices]
+    if len(set(keys)) == 1:  # equal replies: the agent got the same whichever it took
+        return 0, True
+    if nxt is None:
+        return 0, False
     k = len(call.messages)
-    if len(nxt.messages) <= k or nxt.messages[k]["role"] != "assistant":
-        return 0
-    want = _reply_key(nxt.messages[k].get("content"), nxt.messages[k].get("tool_calls"))
-    for i, ch in enumerate(call.choices):
-        if _reply_key(ch.content, ch.tool_calls) == want:
-            return i
-    return 0
+    if len(nxt.messages) > k and nxt.messages[k]["role"] == "assistant":  # appended
+        key = _reply_key(nxt.messages[k].get("content"), nxt.messages[k].get("tool_calls"))
+        if key in keys:
+            return keys.index(key), True
+    # a history edited between turns: the newest assistant reply that this request did
+    # not already hold (counted, so that a reply repeating an earlier one still counts)
+    replies = [
+        _reply_key(m.get("content"), m.get("tool_calls"))
+        for m in nxt.messages
+        if m["role"] == "assistant"
+    ]
+    new = Counter(replies) - Counter(
+        _reply_key(m.get("content"), m.get("tool_calls"))
+        for m in call.messages
+        if m["role"] == "assistant"
+    )
+    for key in reversed(replies):
+        if new[key] > 0 and key in keys:
+            return keys.index(key), True
+    return 0, False
 
 
 def _observation(messages: list[dict[str, Any]]) -> str:
@@ -273,14 +302,17 @@ def _observation(messages: list[dict[str, Any]]) -> str:
     return "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in messages[last + 1 :])
 
 
-def calls_to_steps(calls: list[RecordedCall], reward: float = 0.0) -> list[Step]:
-    """Steps of a session's calls (see the module docstring); ``reward`` on the last."""
+def calls_to_steps(
+    calls: list[RecordedCall], reward: float = 0.0, *, last_choice: int | None = None
+) -> list[Step]:
+    """Steps of a session's calls (see the module docstring); ``reward`` on the last;
+    ``last_choice``: the choice of the last request the agent says it used."""
     live = sorted((c for c in calls if c.delivered), key=lambda c: c.seq)
     steps: list[Step] = []
     prev_seq: list[int] | None = None
     for k, call in enumerate(live):
         nxt = live[k + 1] if k + 1 < len(live) else None
-        ci = _chosen(call, nxt)
+        ci, known = _chosen(call, nxt, last_choice)
         ch = call.choices[ci]
         observation = _observation(call.messages)
         state = call.state if call.state is not None else observation
@@ -303,6 +335,7 @@ def calls_to_steps(calls: list[RecordedCall], reward: float = 0.0) -> list[Step]
                     "session": call.session_id,
                     "call": call.seq,
                     "choice": ci,
+                    "choice_known": known,
                     "finish_reason": ch.finish_reason,
                     "append_only": append_only,
                     "temperature": call.temperature,
@@ -328,8 +361,14 @@ def session_to_episode(
     group: int = 0,
     task_id: str = "",
     error: str | None = None,
+    last_choice: int | None = None,
 ) -> Episode:
     """An :class:`~credo.data.Episode` of a session's calls (:func:`calls_to_steps`).
+
+    A session without a delivered call (the agent returned without calling the model,
+    or no reply reached it) is a failed episode: no step holds anything the policy did,
+    so neither a success nor a return can be credited to it. Its ``error`` says so and
+    keeps the reward and success the agent returned, for the user to see.
 
     Args:
         calls: the session's recorded calls.
@@ -338,10 +377,22 @@ def session_to_episode(
         group: the episode's group (the task's index in the batch).
         task_id: the task's id.
         error: why the episode failed (then ``success`` is forced to False).
+        last_choice: the choice of its last request the agent says it used.
     """
+    steps = calls_to_steps(calls, reward, last_choice=last_choice)
+    if not steps and error is None:
+        what = (
+            "the agent never called the model"
+            if not calls
+            else "no reply of the model reached the agent (every call undelivered)"
+        )
+        error = (
+            f"{what}: nothing the policy did to learn from, counted as failed (the agent "
+            f"returned reward {reward:g}, success {bool(success)})"
+        )
     return Episode(
         group=group,
-        steps=calls_to_steps(calls, reward),
+        steps=steps,
         task_id=task_id,
         success=bool(success) and error is None,
         error=error,

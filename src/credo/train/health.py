@@ -27,7 +27,10 @@ thresholds (a run drifted from 0.7 % to 34.7 % invalid actions in 100 iterations
   :data:`REPEAT_SHARE` of an iteration's actions, at least :data:`REPEAT_INVALID` of its
   occurrences rejected by the env, for ``patience`` iterations
   (``rollout/top_action*``);
-- **a metric that is not a number** (NaN or infinite ``policy/entropy``, say), at once.
+- **a metric that is not a number** (NaN or infinite ``policy/entropy``, say), at once;
+- **a skipped iteration** (``rollout/skipped``: no episode had a single step, e.g. every
+  agent of an agent run failed before calling the model), at once: the weights did not
+  change, and a run where every iteration is so trains nothing.
 
 Each warns once per run. The checks read the records only (a few numbers per
 iteration): they are deterministic, change no metric and no training step. The training
@@ -199,7 +202,7 @@ class HealthMonitor:
 
     def observe(self, record: dict[str, Any]) -> list[str]:
         """Take one iteration's record; returns (and emits) the warnings due now."""
-        due = self._signs(record) + self._going_wrong(record)
+        due = self._signs(record) + self._going_wrong(record) + self._skipped(record)
         for message in due:
             self.warn(message)
         return due
@@ -234,6 +237,22 @@ class HealthMonitor:
                     f"this. {causes}"
                 )
         return due
+
+    def _skipped(self, record: dict[str, Any]) -> list[str]:
+        """The warning of the first iteration skipped for want of steps (once a run:
+        later ones show in ``rollout/skipped``)."""
+        if not record.get("rollout/skipped"):
+            return []
+        it = record.get("iteration", "?")
+        failed = int(float(record.get("rollout/env_errors", 0)))
+        return self._once(
+            "skipped",
+            f"warning: iteration {it} had no step to train on and was skipped (the weights "
+            f"did not change): none of its episodes got a reply from the model ({failed} "
+            "failed; their errors are logged above). With an agent (--agent), check that it "
+            "calls the model through the client it is given before it can fail; every "
+            "later skipped iteration counts in rollout/skipped",
+        )
 
     # ---------------------------------------------------------------- going wrong
     def _once(self, sign: str, message: str | None) -> list[str]:

@@ -53,6 +53,8 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     rollout = sample(run, state, tasks, seed, it)
     data = IterationData(it, tasks, rollout, split_oracle(rollout.forest)[0])
     clock.lap("rollout")
+    if data.forest.num_rows == 0:
+        return _skipped_iteration(run, state, data, clock)
     # 3. rewards: each configured source changes the forest's rewards
     for part in parts.reward:
         part.reward(data)
@@ -78,6 +80,36 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     for part in parts.report:
         part.report(data)
     return iteration_metrics(data, state.env_steps_total, clock) | data.metrics
+
+
+def _skipped_iteration(
+    run: Run, state: TrainState, data: IterationData, clock: Clock
+) -> dict[str, Any]:
+    """The record of an iteration without a single step to train on: every episode
+    ended before the policy acted (an agent run whose agents all raised before their
+    first model call, or never called it). There is nothing to give credit to or to
+    update on, so the weights stay as they are and the run goes on; the record says so
+    with ``rollout/skipped`` = 1 (and the run warns once, :mod:`credo.train.health`).
+    The task source still sees the episodes (they failed), and the periodic evaluation
+    keeps its cadence."""
+    seed, it = run.cfg.train.seed, data.it
+    data.advantages = torch.zeros(0)
+    data.metrics.update(
+        state.tasks.observe(
+            data.tasks, data.rollout.episodes, iteration_seed(seed, it, _TASK_UPDATE)
+        )
+    )
+    clock.lap("reward")
+    clock.lap("update")
+    state.iteration = it + 1
+    state.env_steps_total += data.rollout.env_steps
+    for part in state.parts.report:
+        part.report(data)
+    return (
+        iteration_metrics(data, state.env_steps_total, clock)
+        | data.metrics
+        | {"rollout/skipped": 1.0}
+    )
 
 
 def sample(run: Run, state: TrainState, tasks: list[Task], seed: int, it: int) -> RolloutResult:

@@ -35,6 +35,7 @@ from credo.train.run import Run, add_adapters, max_new_tokens
 from credo.train.sft import Demonstrations, collect_demonstrations, sft_train
 from credo.utils.atomic import remove_leftovers, temp_path, write_text_atomic
 from credo.utils.cache import cache_dir
+from credo.utils.imports import user_code_digest
 
 __all__ = ["WarmStart", "start_policy", "warm_start", "warm_start_folder", "warm_start_key"]
 
@@ -325,9 +326,14 @@ def eval_cache_name(cfg: Config, warm_key: str, *, builtin: bool) -> str:
     (every field but :data:`EVAL_IGNORES_ROLLOUT`, with the resolved response cap), so
     that runs differing only in training settings (tasks per iteration, group size,
     sampler) share one evaluation. A new rollout field enters the key until it is listed
-    there: a needless re-evaluation, never a stale result."""
+    there: a needless re-evaluation, never a stale result. An agent run's evaluation
+    goes through the agent, so its key holds the agent's code too (a digest of its
+    module's source and the files beside it), not only the ``--agent`` name: an agent
+    edited in place is evaluated afresh."""
     rollout = asdict(cfg.rollout)
     rollout["max_new_tokens"] = max_new_tokens(cfg, builtin=builtin)
+    if cfg.rollout.agent:
+        rollout["agent_code"] = user_code_digest(cfg.rollout.agent.rpartition(":")[0])
     for k in EVAL_IGNORES_ROLLOUT:
         del rollout[k]
     return config_hash({"warm": warm_key, "eval": asdict(cfg.eval), "rollout": rollout})

@@ -155,8 +155,8 @@ class RolloutConfig:
             episode); ``null`` or 0 = no limit. Main thread only (a ``SIGALRM`` timer).
         agent: train an agent written against the OpenAI API instead of running the env
             loop: ``package.module:function`` or ``path/to/file.py:function``, an
-            ``async def agent(task, client, session_id)`` returning the reward or
-            ``{reward: r, success: bool}`` (``credo train --agent``; needs the ``serve``
+            ``agent(task, client, session_id)`` (``async def`` or ``def``) returning the
+            reward or ``{reward: r, success: bool}`` (``credo train --agent``; needs the ``serve``
             extra; :mod:`credo.agent.sampler`). The rollouts and the held-out evaluation
             then go through the agent, with the policy served on 127.0.0.1. Default
             ``None``: the env loop of ``sampler``.
