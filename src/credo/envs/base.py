@@ -494,7 +494,7 @@ def resolve_env(name: str) -> EnvFactory:
     if rest and scheme in ENV_SCHEMES:
         # a scheme's id may name the user's own module (``gym:my_env:MyEnv-v0``) or an id
         # that a ``$CREDO_ENV_MODULES`` module registers: both as for ``--env module:Class``
-        _add_cwd_to_path()
+        add_cwd_to_path()
         _import_env_modules()
         return ENV_SCHEMES[scheme](rest)
     if ":" in name:
