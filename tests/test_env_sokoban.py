@@ -158,3 +158,14 @@ def test_refusals_are_one_line(monkeypatch) -> None:
     with pytest.raises(MissingPackage, match="pip install --no-deps gym-sokoban") as err:
         SokobanEnv()
     assert "\n" not in str(err.value)
+
+
+def test_the_coordinates_line_for_the_word_level_model() -> None:
+    """The built-in tokenizer drops line breaks; ``coordinates=true`` adds the cells."""
+    env = make_env("sokoban", coordinates=True)
+    _set(env, ROOM)
+    obs = env.step("up").observation  # (2,1) -> (1,1)
+    assert obs.splitlines()[-1] == "player row 1 col 1 ; box row 2 col 2 ; target row 2 col 4"
+    words = set(env.vocabulary())
+    assert {"player", "row", "col", "5", ";"} <= words
+    assert make_env("sokoban").reset(Task.make("train", 0)).splitlines()[-1].startswith("boxes")

@@ -179,6 +179,10 @@ class SokobanEnv:
             reward).
         num_steps: the generator's reverse-play steps (default gym-sokoban's
             ``1.7 × (width + height)``).
+        coordinates: add a line with the player's, boxes' and targets' row and column
+            (default false: the grid alone, as RAGEN and verl-agent show it). For the
+            built-in word-level model: its tokenizer drops line breaks, so the grid's rows
+            run together and "above" is six tokens back.
     """
 
     def __init__(
@@ -191,6 +195,7 @@ class SokobanEnv:
         max_turns: int = 15,
         reward: str = "success",
         num_steps: int | None = None,
+        coordinates: bool = False,
     ) -> None:
         width, height = width or size, height or size
         for name, value, low in (("size", width, 5), ("size", height, 5), ("boxes", boxes, 1)):
@@ -206,6 +211,7 @@ class SokobanEnv:
         self.max_turns = max_turns
         self.reward_kind = reward
         self.num_steps = num_steps or int(1.7 * (width + height))
+        self.coordinates = bool(coordinates)
         self.task: Task | None = None
         self.room = Room(frozenset(), frozenset(), self.shape)
         self.player: Cell = (0, 0)
@@ -288,7 +294,22 @@ class SokobanEnv:
                 else:
                     row.append(SYMBOLS["target" if target else "floor"])
             rows.append(" ".join(row))
-        return "\n".join(rows) + f"\nboxes on targets : {self._on_target()} / {self.num_boxes}"
+        text = "\n".join(rows) + f"\nboxes on targets : {self._on_target()} / {self.num_boxes}"
+        if self.coordinates:
+            text += "\n" + self._coordinates()
+        return text
+
+    def _coordinates(self) -> str:
+        """``player row 2 col 1 ; box row 2 col 2 ; target row 3 col 4`` (rows and
+        columns from 0, boxes and targets in reading order)."""
+
+        def at(name: str, cell: Cell) -> str:
+            return f"{name} row {cell[0]} col {cell[1]}"
+
+        parts = [at("player", self.player)]
+        parts += [at("box", b) for b in sorted(self.boxes)]
+        parts += [at("target", t) for t in sorted(self.room.targets)]
+        return " ; ".join(parts)
 
     def step(self, action: str) -> StepResult:
         if self._done:
@@ -363,5 +384,6 @@ class SokobanEnv:
         words = {w.lower() for w in SYMBOLS.values()} | set(MOVES)
         words |= set(self.instruction().split())
         words |= {"boxes", "on", "targets", ":", "/", "invalid", "action", "reply", ",", "or", "."}
-        words |= {str(i) for i in range(self.num_boxes + 1)}
+        words |= {str(i) for i in range(max(self.num_boxes + 1, *self.shape))}
+        words |= {"player", "box", "target", "row", "col", ";"}
         return sorted(words)
