@@ -47,7 +47,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 	$(BIN)/python -m pip install --quiet -e ".[dev,serve,ray,textworld,textarena,gym]"
-	$(BIN)/python -m pip install --quiet --no-deps "gym-sokoban==0.0.6"  # its room generator only (numpy)
+	# gym-sokoban: its room generator only (numpy); bfcl-eval: BFCL data, backends, checker (mpmath)
+	$(BIN)/python -m pip install --quiet --no-deps "gym-sokoban==0.0.6" "bfcl-eval==2026.3.23"
 	$(BIN)/python -m pip install --quiet setuptools wheel
 	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation "$(DEEPSPEED_SPEC)" "$(TORCH_SPEC)"
 	touch $(STAMP)

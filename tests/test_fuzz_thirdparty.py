@@ -45,10 +45,17 @@ LIMITS = {
     "textarena": dict(max_observation_chars=4000, max_state_key_chars=200),
     "gym": dict(max_observation_chars=200, max_state_key_chars=20),
     "textworld": dict(max_observation_chars=2000, max_state_key_chars=120),
+    "sokoban": dict(max_observation_chars=400, max_state_key_chars=60),
+    "bfcl": dict(max_observation_chars=12_000, max_state_key_chars=40),
 }
+SOKOBAN_VERBS = ("up", "down", "left", "right")
+#: BFCL's calls: the fuzz's bracketed forms reach the parser as ``[cd (...)]``
+BFCL_VERBS = ("cd", "ls", "mkdir", "done")
 
 
-def _fuzz_random(make, verbs, limits, n_actions: int, **kw) -> FuzzReport:  # type: ignore[no-untyped-def]
+def _fuzz_random(
+    make, verbs, limits, n_actions: int, mostly_invalid: bool = True, **kw
+) -> FuzzReport:  # type: ignore[no-untyped-def]
     total = FuzzReport()
 
     @fuzz_settings(n_actions)
@@ -65,7 +72,8 @@ def _fuzz_random(make, verbs, limits, n_actions: int, **kw) -> FuzzReport:  # ty
         f"{total.max_observation_chars}, state key {total.max_state_key_chars}"
     )
     assert total.actions >= n_actions
-    assert total.invalid > total.actions // 2  # most random strings are not moves
+    if mostly_invalid:  # (BFCL: a reply that is no call list is an answer in words)
+        assert total.invalid > total.actions // 2  # most random strings are not moves
     return total
 
 
@@ -120,3 +128,20 @@ def test_textworld_survives_random_and_adversarial_actions(tw_cache: Path) -> No
     )
     assert len(total.seen_states) > 5
     _fuzz_adversarial(make, TEXTWORLD_VERBS, {**LIMITS["textworld"], "step_limit_s": 2.0})
+
+
+def test_sokoban_survives_random_and_adversarial_actions() -> None:
+    pytest.importorskip("numpy")
+    make = functools.partial(make_env, "sokoban")
+    total = _fuzz_random(make, SOKOBAN_VERBS, LIMITS["sokoban"], FUZZ_ACTIONS)
+    assert len(total.seen_states) > 20
+    _fuzz_adversarial(make, SOKOBAN_VERBS, LIMITS["sokoban"])
+
+
+def test_bfcl_survives_random_and_adversarial_actions() -> None:
+    """Model text reaches ``ast.parse`` (never ``eval``): nested brackets, 1 MB strings,
+    huge literals, control characters are answers in words or error results."""
+    make = functools.partial(make_env, "bfcl")
+    total = _fuzz_random(make, BFCL_VERBS, LIMITS["bfcl"], FUZZ_ACTIONS // 10, mostly_invalid=False)
+    assert len(total.seen_states) > 5 and total.invalid > 0  # some calls reached the APIs
+    _fuzz_adversarial(make, BFCL_VERBS, LIMITS["bfcl"])
