@@ -78,6 +78,24 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
+#: The recording's warnings, said once a run (``%d``: the steps concerned); the metric
+#: counts every later one.
+_ONCE_WARNINGS = {
+    "rollout/non_append_only": (
+        "%d recorded steps have a prompt that does not extend the previous step's prompt + "
+        "reply (the agent edited or trimmed its history, or the chat template rewrites "
+        "earlier turns): each is trained on exactly the prompt the model saw, as its own "
+        "row; counted in rollout/non_append_only from now on (docs/serve.md)"
+    ),
+    "rollout/choice_unknown": (
+        "%d recorded steps asked for several choices (n > 1) and the choice the agent used "
+        "could not be told, so choice 0 was recorded: return {'reward': r, 'choice': i} to "
+        "name the choice of the last request, and pass the reply you used on in the next "
+        "request's messages; counted in rollout/choice_unknown (docs/serve.md)"
+    ),
+}
+
+
 @dataclass
 class AgentParams:
     """Knobs of the ``agent`` sampler.
@@ -180,28 +198,11 @@ class AgentSession:
         """Say once a run what the recording could not do exactly as the agent ran: rows
         of an edited history (``rollout/non_append_only``) and steps whose choice is not
         known (``rollout/choice_unknown``); the metrics count every later one."""
-        edited = int(stats.get("rollout/non_append_only", 0))
-        if edited and "edited" not in self._warned:
-            self._warned.add("edited")
-            _log.warning(
-                "%d recorded steps have a prompt that does not extend the previous step's "
-                "prompt + reply (the agent edited or trimmed its history, or the chat "
-                "template rewrites earlier turns): each is trained on exactly the prompt the "
-                "model saw, as its own row; counted in rollout/non_append_only from now on "
-                "(docs/serve.md)",
-                edited,
-            )
-        unknown = int(stats.get("rollout/choice_unknown", 0))
-        if unknown and "choice" not in self._warned:
-            self._warned.add("choice")
-            _log.warning(
-                "%d recorded steps asked for several choices (n > 1) and the choice the agent "
-                "used could not be told, so choice 0 was recorded: return {'reward': r, "
-                "'choice': i} to name the choice of the last request, and pass the reply you "
-                "used on in the next request's messages; counted in rollout/choice_unknown "
-                "(docs/serve.md)",
-                unknown,
-            )
+        for metric, message in _ONCE_WARNINGS.items():
+            count = int(stats.get(metric, 0))
+            if count and metric not in self._warned:
+                self._warned.add(metric)
+                _log.warning(message, count)
 
     def evaluate(
         self, policy: Any, sampling: SamplingParams, *, episodes: int, seed: int

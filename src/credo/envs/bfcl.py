@@ -369,38 +369,28 @@ class BfclEnv:
     def progress(self) -> float:
         return self.passed / max(1, len(self.entry["question"]))
 
+    #: What an episode is: every attribute that ``reset`` and ``step`` change.
+    _EPISODE = (
+        "task",
+        "entry",
+        "model",
+        "truth",
+        "request",
+        "steps",
+        "passed",
+        "results",
+        "oracle_step",
+        "_done",
+        "failure",
+        "max_turns",
+    )
+
     def snapshot(self) -> Any:
-        keep = (
-            self.task,
-            self.entry,
-            self.model,
-            self.truth,
-            self.request,
-            self.steps,
-            self.passed,
-            self.results,
-            self.oracle_step,
-            self._done,
-            self.failure,
-            self.max_turns,
-        )
-        return copy.deepcopy(keep)
+        return copy.deepcopy({name: getattr(self, name) for name in self._EPISODE})
 
     def restore(self, snap: Any) -> None:
-        (
-            self.task,
-            self.entry,
-            self.model,
-            self.truth,
-            self.request,
-            self.steps,
-            self.passed,
-            self.results,
-            self.oracle_step,
-            self._done,
-            self.failure,
-            self.max_turns,
-        ) = copy.deepcopy(snap)
+        for name, value in copy.deepcopy(snap).items():
+            setattr(self, name, value)
 
     # ------------------------------------------------------------ helpers
     def oracle_action(self) -> str:
