@@ -153,3 +153,16 @@ def test_refusals_are_one_line(monkeypatch) -> None:
     finally:
         monkeypatch.undo()
         bfcl._entries.cache_clear()
+
+
+def test_the_vocabulary_splits_words_as_the_word_level_tokenizer() -> None:
+    """The env keeps its own copy of the tokenizer's split (envs do not import policy)."""
+    from credo.envs.bfcl import split_words
+    from credo.policy.tokenizer import split_words as tokenizer_split
+
+    for text in (
+        "[cd(folder='document'), mkdir(dir_name='temp')]",
+        "Move 'final_report.pdf' to $HOME; then: grep [a,b].  Ünïcode\ttabs\nlines",
+        '{"name": "cat", "parameters": {"type": "dict"}}',
+    ):
+        assert split_words(text) == tokenizer_split(text)

@@ -57,6 +57,7 @@ import importlib.util
 import inspect
 import json
 import random
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
@@ -180,6 +181,15 @@ def parse_calls(text: str) -> list[tuple[str, list[Any], dict[str, Any]]] | None
             continue
         calls.append((node.func.id, args, kwargs))
     return calls
+
+
+#: Words as the built-in word-level tokenizer splits them (whitespace, then ``[ ] $ ; : ,
+#: .`` on their own); envs do not import the policy package.
+_WORDS = re.compile(r"[^\s\[\]$;:,.]+|[\[\]$;:,.]")
+
+
+def split_words(text: str) -> list[str]:
+    return _WORDS.findall(text.lower())
 
 
 def _result_text(value: Any) -> str:
@@ -409,8 +419,6 @@ class BfclEnv:
 
     def vocabulary(self) -> list[str]:
         """Words of every entry's requests, function documents and ground truth."""
-        from credo.policy.tokenizer import split_words
-
         words: set[str] = set()
         train, test = _entries()
         classes = set()
