@@ -5,7 +5,9 @@ The agents are the examples themselves (``examples/agents_sdk_agent.py``,
 ``examples/langgraph_agent.py``), imported by ``--agent`` as a user's file would be, and
 run against the real server on 127.0.0.1 with the built-in tiny model. They play
 :class:`framework_fixtures.SayEnv`, whose graded reward gives an untrained model's
-episodes different returns, so a two-iteration run has a learning signal.
+episodes different returns, so a two-iteration run has a learning signal. The built-in
+model cannot write a tool call; the frameworks' tool mechanisms are checked with the
+tiny model tests/test_serve.py teaches to call a tool.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from credo.policy.base import SamplingParams
 from credo.policy.hf import HFPolicy
 from credo.train.config import load_config
 from credo.train.loop import train
+
+# the tiny model of tests/test_serve.py taught to call ``add`` twice, then answer
+from test_serve import QUESTION, TURNS, tool_policy  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -156,3 +161,120 @@ def test_an_async_client_kept_for_the_process_works_in_every_iteration() -> None
     loop = agents_loop()
     assert loop.is_running()
     asyncio.run_coroutine_threadsafe(kept["client"].close(), loop).result(10)
+
+
+async def _sdk_tool_loop(base_url: str) -> tuple[str, list[tuple[int, int]]]:
+    """An Agents SDK agent with one function tool, as its users write it."""
+    import openai
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        RunConfig,
+        Runner,
+        function_tool,
+    )
+
+    used: list[tuple[int, int]] = []
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """a + b"""
+        used.append((a, b))
+        return a + b
+
+    client = openai.AsyncOpenAI(
+        base_url=base_url,
+        api_key="unused",
+        timeout=60,
+        max_retries=0,
+        default_headers={"X-Credo-Session": "tools"},
+    )
+    try:
+        agent = Agent(
+            name="adder",
+            model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+            model_settings=ModelSettings(temperature=0.0),
+            tools=[add],
+        )
+        result = await Runner.run(
+            agent, QUESTION, max_turns=5, run_config=RunConfig(tracing_disabled=True)
+        )
+    finally:
+        await client.close()
+    return str(result.final_output), used
+
+
+async def _langgraph_tool_loop(base_url: str) -> tuple[str, list[tuple[int, int]]]:
+    """A LangGraph graph with LangChain tools (``bind_tools``, ``ToolNode``), as its
+    users write it."""
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    used: list[tuple[int, int]] = []
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """a + b"""
+        used.append((a, b))
+        return a + b
+
+    model = ChatOpenAI(
+        model="policy",
+        base_url=base_url,
+        api_key="unused",
+        temperature=0,
+        max_retries=0,
+        timeout=60,
+        default_headers={"X-Credo-Session": "tools"},
+    ).bind_tools([add])
+
+    async def call_model(state: MessagesState) -> dict[str, list]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", call_model)
+    graph.add_node("tools", ToolNode([add]))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition)
+    graph.add_edge("tools", "model")
+    out = await graph.compile().ainvoke(
+        {"messages": [HumanMessage(QUESTION)]}, {"recursion_limit": 10}
+    )
+    return str(out["messages"][-1].content), used
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_a_framework_agents_tools_are_called_through_the_server(
+    tool_policy,  # type: ignore[no-untyped-def]  # noqa: F811
+    framework: str,
+) -> None:
+    """With a model that writes tool calls, the framework's own tool mechanism (the SDK's
+    ``function_tool``, LangChain's ``bind_tools`` and LangGraph's ``ToolNode``) works
+    through credo: the tools reach the model through its template, its calls come back as
+    ``tool_calls`` that the framework runs, the results go back to the model, and the
+    three requests are recorded as one session of three rows, the first two ending in a
+    tool call."""
+    _need(framework)
+    from credo.rollout import episodes_to_forest
+    from credo.serve import serve_policy, session_to_episode
+
+    loop = _sdk_tool_loop if framework == "agents_sdk" else _langgraph_tool_loop
+    with serve_policy(tool_policy, stop_timeout_s=5) as (url, rec):
+        answer, used = asyncio.run(loop(url))
+        calls = rec.calls("tools")
+    assert answer == "the answer is 9"
+    assert used == [(args["a"], args["b"]) for _, args in TURNS if args is not None]
+    assert [c.choices[0].finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
+    assert [m["role"] for m in calls[2].messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
+    forest = episodes_to_forest([session_to_episode(calls, reward=1.0, success=True)])
+    assert forest.num_rows == 3 and forest.parent.tolist() == [-1, 0, 1]
