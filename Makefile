@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
-	$(BIN)/python -m pip install --quiet -e ".[dev,serve,ray,textworld,textarena,gym]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,serve,agents,ray,textworld,textarena,gym]"
 	# gym-sokoban: its room generator only (numpy); bfcl-eval: BFCL data, backends, checker (mpmath)
 	$(BIN)/python -m pip install --quiet --no-deps "gym-sokoban==0.0.6" "bfcl-eval==2026.3.23"
 	$(BIN)/python -m pip install --quiet setuptools wheel

@@ -18,9 +18,11 @@ result is the :class:`~credo.rollout.RolloutResult` the built-in samplers return
 
 A plain ``def`` agent runs in a thread of its own, so that a blocking call in it
 (``time.sleep``, a synchronous HTTP tool) does not stall the other agents, which share
-one event loop. The threads are daemon threads rather than an executor's: a sync agent
-past its timeout cannot be stopped, and an executor would make the iteration wait for
-it; it runs on unobserved, and its session's later requests are no longer recorded.
+one event loop: the same loop for every call in the process (:func:`agents_loop`), so
+async clients an agent keeps between episodes stay usable from one iteration to the
+next. The threads are daemon threads rather than an executor's: a sync agent past its
+timeout cannot be stopped, and an executor would make the iteration wait for it; it
+runs on unobserved, and its session's later requests are no longer recorded.
 
 An agent that raises, times out, returns something that is not a reward, or never gets
 a reply from the model (it returned without calling it) fails its own episode
@@ -30,6 +32,7 @@ a reply from the model (it returned without calling it) fails its own episode
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import math
@@ -50,6 +53,7 @@ from credo.utils.imports import import_user_module
 __all__ = [
     "AgentFn",
     "agent_choice",
+    "agents_loop",
     "is_async_agent",
     "load_agent",
     "parse_agent_result",
@@ -204,29 +208,55 @@ async def _run_all(
     return [flat[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
 
 
+#: The event loop all async agents of this process run on, and its thread (agents_loop).
+_LOOP: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def agents_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every call of :func:`run_agent_episodes` in this process runs its
+    agents on: started on first use on a daemon thread, kept for the process (a forked
+    child starts its own).
+
+    One loop for the process, not a new one per call (per training iteration): agent
+    code keeps async clients made once and reused, and a client's pooled connections
+    belong to the loop they were opened on. LangChain's ``ChatOpenAI`` caches its default
+    HTTP client per ``base_url`` for the whole process, and users make a module-level
+    ``AsyncOpenAI``; with a fresh loop per iteration, every request of the second
+    iteration failed with ``RuntimeError: Event loop is closed``.
+    """
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or not _LOOP[1].is_alive() or _LOOP[0].is_closed():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="credo-agents", daemon=True)
+            thread.start()
+            _LOOP = (loop, thread)
+        return _LOOP[0]
+
+
 def _run_coroutine(coro: Any, timeout_s: float) -> Any:
-    """Run ``coro`` to completion: here when no event loop is running in this thread,
-    else on a helper thread (bounded by ``timeout_s``)."""
+    """Run ``coro`` on :func:`agents_loop` and wait for it (at most ``timeout_s``; then,
+    or when the wait is interrupted, the coroutine is cancelled)."""
+    loop = agents_loop()
     try:
-        asyncio.get_running_loop()
+        running = asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=target, name="credo-agents", daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        raise TimeoutError(f"the agents did not finish within {timeout_s} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+        running = None
+    if running is loop:
+        coro.close()
+        raise RuntimeError(
+            "run_agent_episodes was called from an agent: it would wait for the loop it runs on"
+        )
+    fut = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return fut.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        fut.cancel()
+        raise TimeoutError(f"the agents did not finish within {timeout_s} s") from None
+    except BaseException:  # KeyboardInterrupt while waiting: stop the agents too
+        fut.cancel()
+        raise
 
 
 def run_agent_episodes(

@@ -1,0 +1,125 @@
+"""An agent written with the OpenAI Agents SDK (``openai-agents``), trained by credo unchanged.
+
+The agent is an ordinary Agents SDK ``Agent`` run by the SDK's ``Runner``; its model is
+the SDK's ``OpenAIChatCompletionsModel`` over the ``openai`` client credo hands it, so
+every request goes to the policy being trained (``credo train --agent``) or to any
+OpenAI-compatible server (``credo serve``, vLLM, ...). Its loop has no credo code beyond
+building the world it acts in. It plays the built-in ``shop`` (or the run's env) through
+its text interface: each turn, one ``Runner.run`` over the page, whose final output is
+the action sent to the shop.
+
+Train it (the policy is served behind the OpenAI API on 127.0.0.1 for the run):
+
+    pip install -e ".[serve,agents]"
+    credo train --agent examples/agents_sdk_agent.py:run
+
+Run it against any OpenAI-compatible server instead:
+
+    credo serve runs/<run>/final_policy --port 8000 &
+    python examples/agents_sdk_agent.py --base-url http://127.0.0.1:8000/v1 --tasks 20
+
+Why a plain chat agent rather than the SDK's function tools: the built-in model (a word
+model of about a hundred words) cannot write a tool call, so an agent whose only way to
+act is a tool would never act. With a model that writes tool calls (a chat template that
+renders ``tools``), ``Agent(tools=[...])`` works through credo as it does anywhere: credo
+renders the tools with the model's template and parses its calls back into
+``tool_calls`` (docs/serve.md, "Agent frameworks").
+
+Why ``RunConfig(tracing_disabled=True)``: the SDK otherwise exports a trace of every run
+to OpenAI's servers with the ``OPENAI_API_KEY`` of the environment, which a local policy
+has no use for. The ``X-Credo-State`` header (optional) keys each step by the shop's page
+state for step-level estimators (GiGPO); the SDK sends it through ``ModelSettings``.
+
+The prompt is one user message per turn (the agent has no ``instructions``, so no
+system message) in the compact layout credo's own rollouts use for the built-in model, so
+that credo's warm start is a sensible starting point, as in ``examples/openai_agent.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner
+
+from credo.envs import Task, make_env
+
+HISTORY = 2  # past actions shown in the prompt
+MAX_TOKENS = 16  # one action is a few words
+
+
+def prompt(history: list[str], page: str, goal: str) -> str:
+    """The user message of one turn."""
+    past = " ; ".join(history[-HISTORY:]) or "none"
+    return f"history : {past} page : {page} goal : {goal} action :"
+
+
+def make_agent(client: Any) -> Agent[Any]:
+    """The SDK agent over ``client`` (an ``openai.AsyncOpenAI``): chat completions, no
+    tools, a short reply."""
+    return Agent(
+        name="shopper",
+        model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+        model_settings=ModelSettings(max_tokens=MAX_TOKENS),
+    )
+
+
+async def run(task: Any, client: Any, session_id: str) -> dict[str, Any]:
+    """One episode of ``task`` with the model behind ``client`` (an ``openai.AsyncOpenAI``
+    that already sends the episode's session header).
+
+    Returns ``{"reward": float, "success": bool}``.
+    """
+    env = make_env(task.data.get("env", "shop"), **task.data.get("env_kwargs", {}))
+    page = env.reset(task)
+    agent = make_agent(client)
+    history: list[str] = []
+    reward, success = 0.0, False
+    for _ in range(env.max_turns):
+        result = await Runner.run(
+            agent,
+            prompt(history, page, env.instruction()),
+            max_turns=1,  # one model call: the action
+            run_config=RunConfig(
+                tracing_disabled=True,
+                model_settings=ModelSettings(extra_headers={"X-Credo-State": env.state_key()}),
+            ),
+        )
+        action = str(result.final_output or "").strip()
+        step = env.step(action)
+        history.append(action)
+        page, reward = step.observation, reward + step.reward
+        if step.done:
+            success = bool(step.info.get("success", False))
+            break
+    return {"reward": reward, "success": success}
+
+
+async def _main(base_url: str, api_key: str, tasks: int, env: str) -> None:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=120, max_retries=0)
+    try:
+        results = await asyncio.gather(
+            *(
+                run(Task("test", Task.make("test", i).seed, {"env": env}), client, f"demo-{i}")
+                for i in range(tasks)
+            )
+        )
+    finally:
+        await client.close()
+    wins = sum(r["success"] for r in results)
+    print(
+        f"{wins}/{tasks} tasks solved, mean reward {sum(r['reward'] for r in results) / tasks:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description="run the Agents SDK agent against an OpenAI API server")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    p.add_argument("--api-key", default="unused")
+    p.add_argument("--tasks", type=int, default=10)
+    p.add_argument("--env", default="shop")
+    a = p.parse_args()
+    asyncio.run(_main(a.base_url, a.api_key, a.tasks, a.env))
