@@ -30,11 +30,9 @@ a chat model would write any prompt it likes.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from typing import Any
 
-from credo.envs import Task, make_env
+from credo.envs import make_env
 
 HISTORY = 2  # past actions shown in the prompt
 MAX_TOKENS = 16  # one action is a few words
@@ -72,30 +70,7 @@ async def run(task: Any, client: Any, session_id: str) -> dict[str, Any]:
     return {"reward": reward, "success": success}
 
 
-async def _main(base_url: str, api_key: str, tasks: int, env: str) -> None:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=120, max_retries=0)
-    try:
-        results = await asyncio.gather(
-            *(
-                run(Task("test", Task.make("test", i).seed, {"env": env}), client, f"demo-{i}")
-                for i in range(tasks)
-            )
-        )
-    finally:
-        await client.close()
-    wins = sum(r["success"] for r in results)
-    print(
-        f"{wins}/{tasks} tasks solved, mean reward {sum(r['reward'] for r in results) / tasks:.3f}"
-    )
-
-
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description="run the example agent against an OpenAI API server")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    p.add_argument("--api-key", default="unused")
-    p.add_argument("--tasks", type=int, default=10)
-    p.add_argument("--env", default="shop")
-    a = p.parse_args()
-    asyncio.run(_main(a.base_url, a.api_key, a.tasks, a.env))
+    from against_a_server import main  # beside this file
+
+    main(run, "run the example agent against an OpenAI API server")
