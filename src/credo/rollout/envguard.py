@@ -182,6 +182,13 @@ def _guard() -> _Guard:
     return _GUARD.get() or _DEFAULT
 
 
+def env_error_count() -> int:
+    """How many env errors the current :func:`env_guard`'s log has counted (0 outside one
+    or without a log): compared before and after a rollout, whether envs failed in it."""
+    log = _guard().log
+    return log.count if log is not None else 0
+
+
 _PHASE: ContextVar[str] = ContextVar("credo_env_phase", default="rollout")
 
 

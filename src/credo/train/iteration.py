@@ -27,6 +27,7 @@ from credo.credit import advantage_stats
 from credo.data import RolloutForest
 from credo.envs.base import Task
 from credo.rollout import RolloutResult, split_oracle
+from credo.rollout.envguard import env_error_count
 from credo.train.parts import IterationData
 from credo.train.run import Run
 from credo.train.state import TrainState
@@ -50,10 +51,16 @@ def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     # 1. tasks: this iteration's distinct training tasks, from the task source
     tasks = state.tasks.draw(it, iteration_seed(seed, it, _TASKS))
     # 2. sampler → forest (SERO's oracle rows split off: no credit, no RL loss)
+    env_errors = env_error_count()
     rollout = sample(run, state, tasks, seed, it)
     data = IterationData(it, tasks, rollout, split_oracle(rollout.forest)[0])
     clock.lap("rollout")
     if data.forest.num_rows == 0:
+        if env_error_count() > env_errors:  # the env broke every episode: stop, naming it
+            raise ValueError(
+                f"every episode of iteration {it} failed before its first step: there is "
+                "nothing to train on"
+            )
         return _skipped_iteration(run, state, data, clock)
     # 3. rewards: each configured source changes the forest's rewards
     for part in parts.reward:
@@ -87,7 +94,9 @@ def _skipped_iteration(
 ) -> dict[str, Any]:
     """The record of an iteration without a single step to train on: every episode
     ended before the policy acted (an agent run whose agents all raised before their
-    first model call, or never called it). There is nothing to give credit to or to
+    first model call, or never called it). When an env raised instead (its ``reset``,
+    ``snapshot``), :func:`run_iteration` stops the run naming the env's error, since
+    every later iteration would fail the same way. There is nothing to give credit to or to
     update on, so the weights stay as they are and the run goes on; the record says so
     with ``rollout/skipped`` = 1 (and the run warns once, :mod:`credo.train.health`).
     The task source still sees the episodes (they failed), and the periodic evaluation
