@@ -169,3 +169,15 @@ def test_the_coordinates_line_for_the_word_level_model() -> None:
     words = set(env.vocabulary())
     assert {"player", "row", "col", "5", ";"} <= words
     assert make_env("sokoban").reset(Task.make("train", 0)).splitlines()[-1].startswith("boxes")
+
+
+def test_the_room_cache_is_bounded(monkeypatch) -> None:
+    import credo.envs.sokoban as sokoban
+
+    monkeypatch.setattr(sokoban, "ROOM_CACHE", 3)
+    env = make_env("sokoban")
+    first = env.reset(Task.make("train", 0))
+    for seed in range(1, 6):
+        env.reset(Task.make("train", seed))
+    assert list(env._rooms) == [3, 4, 5]
+    assert env.reset(Task.make("train", 0)) == first  # generated again, the same room

@@ -55,7 +55,7 @@ import importlib.util
 import random
 import re
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,6 +84,8 @@ SYMBOLS = {
 }
 #: The solver gives up (no plan) beyond this many visited states.
 MAX_SEARCH_STATES = 200_000
+#: Rooms kept per env (the most recently used seeds).
+ROOM_CACHE = 1024
 #: Only this many leading characters of an action are read.
 MAX_ACTION_CHARS = 200
 _MOVE_WORD = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
@@ -217,7 +219,9 @@ class SokobanEnv:
         self.player: Cell = (0, 0)
         self.boxes: frozenset[Cell] = frozenset()
         self._turn, self._done = 0, False
-        self._rooms: dict[int, tuple[Room, Cell, frozenset[Cell]]] = {}
+        # rooms of recent seeds (a group replays its room; the cache is bounded, since a
+        # run draws up to rollout.train_tasks seeds)
+        self._rooms: OrderedDict[int, tuple[Room, Cell, frozenset[Cell]]] = OrderedDict()
 
     # ------------------------------------------------------------ generation
     def _generate(self, seed: int) -> tuple[Room, Cell, frozenset[Cell]]:
@@ -225,6 +229,7 @@ class SokobanEnv:
         random states; a draw the generator rejects is retried with the next attempt's
         seed)."""
         if seed in self._rooms:
+            self._rooms.move_to_end(seed)
             return self._rooms[seed]
         gen = _generator()
         import numpy as np
@@ -254,6 +259,8 @@ class SokobanEnv:
         boxes = frozenset(rc for rc in cells if state[rc] in (3, 4))
         player = next(rc for rc in cells if state[rc] == 5)
         self._rooms[seed] = (Room(walls, targets, self.shape), player, boxes)
+        if len(self._rooms) > ROOM_CACHE:
+            self._rooms.popitem(last=False)
         return self._rooms[seed]
 
     # ------------------------------------------------------------ protocol
