@@ -275,10 +275,8 @@ class BfclEnv:
         self.model, self.truth = _Backends(self.entry), _Backends(self.entry)
         self.request, self.steps, self.passed = 0, 0, 0
         self.results: list[str] = []  # the model's results over all requests (BFCL's rule)
-        self.oracle_step = 0
         self._done, self.failure = False, ""
-        turns = self.entry["question"]
-        self.max_turns = sum(1 for _ in turns) * (self.max_steps + 1)
+        self.max_turns = len(self.entry["question"]) * (self.max_steps + 1)
         return self._request_text()
 
     def _request_text(self) -> str:
@@ -349,7 +347,7 @@ class BfclEnv:
                 self.failure = (state if not state["valid"] else response)["error_type"]
         self.passed += ok
         self.request += 1
-        self.steps, self.oracle_step = 0, 0
+        self.steps = 0
         last = self.request >= len(self.entry["question"])
         if ok and not last:
             return StepResult(self._request_text(), 0.0, False, info)
@@ -379,27 +377,29 @@ class BfclEnv:
     def progress(self) -> float:
         return self.passed / max(1, len(self.entry["question"]))
 
-    #: What an episode is: every attribute that ``reset`` and ``step`` change.
+    #: What an episode is: every attribute that ``reset`` and ``step`` change; the task
+    #: and its BFCL entry are read-only (the backends load a copy of its state), so a
+    #: snapshot shares them and copies the rest.
+    _SHARED = ("task", "entry")
     _EPISODE = (
-        "task",
-        "entry",
         "model",
         "truth",
         "request",
         "steps",
         "passed",
         "results",
-        "oracle_step",
         "_done",
         "failure",
         "max_turns",
     )
 
     def snapshot(self) -> Any:
-        return copy.deepcopy({name: getattr(self, name) for name in self._EPISODE})
+        shared = {name: getattr(self, name) for name in self._SHARED}
+        return shared, copy.deepcopy({name: getattr(self, name) for name in self._EPISODE})
 
     def restore(self, snap: Any) -> None:
-        for name, value in copy.deepcopy(snap).items():
+        shared, own = snap
+        for name, value in (*shared.items(), *copy.deepcopy(own).items()):
             setattr(self, name, value)
 
     # ------------------------------------------------------------ helpers

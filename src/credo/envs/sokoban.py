@@ -324,7 +324,6 @@ class SokobanEnv:
         self._turn += 1
         found = _MOVE_WORD.search(action[:MAX_ACTION_CHARS])
         before = self._on_target()
-        reward = 0.0
         if found is None:
             text = "invalid action : reply up , down , left or right .\n" + self._render()
             valid = False
