@@ -23,6 +23,7 @@ from credo.objectives import (
     reverse_kl_sampled,
     reverse_kl_topk,
     select_contexts,
+    verifier_agreement,
     verifier_mask,
 )
 from credo.objectives.oprd import combine_teachers, oprd_delta
@@ -238,12 +239,12 @@ def test_oprd_rewards_by_hand() -> None:
     # the verifier rejects row 1: it gets nothing
     r = oprd_token_reward(rl, base, mask, torch.tensor([True, False]), alpha=2.0)
     torch.testing.assert_close(r, torch.tensor([[1.5, -1.5], [0.0, 0.0]]))
-    # per-sample choice by the verifier: row 0 ← teacher 1, row 1 ← teacher 0
-    r = oprd_token_reward(rl, base, mask, acc, combine="verifier", choice=torch.tensor([1, 0]))
+    # per-sample choice (likelihood): row 0 ← teacher 1, row 1 ← teacher 0
+    r = oprd_token_reward(rl, base, mask, acc, combine="likelihood", choice=torch.tensor([1, 0]))
     torch.testing.assert_close(r, torch.tensor([[0.5, -2.0], [-1.0, 0.0]]))
     # first usable teacher; a row with no usable teacher gets nothing
     ok = torch.tensor([[False, False], [True, False]])
-    r = oprd_token_reward(rl, base, mask, acc, combine="verifier", teacher_ok=ok)
+    r = oprd_token_reward(rl, base, mask, acc, combine="likelihood", teacher_ok=ok)
     torch.testing.assert_close(r, torch.tensor([[0.5, -2.0], [0.0, 0.0]]))
     r = oprd_token_reward(rl, base, mask, acc, teacher_ok=ok)  # mean over usable ones
     torch.testing.assert_close(r, torch.tensor([[0.5, -2.0], [0.0, 0.0]]))
@@ -256,14 +257,63 @@ def test_oprd_rewards_by_hand() -> None:
     torch.testing.assert_close(
         oprd_row_reward(rl[0], base[0], mask, acc, reduce="mean"), torch.tensor([0.75, -1.0])
     )
-    d, has = combine_teachers(delta, combine="verifier", choice=torch.tensor([-1, 1]))
+    d, has = combine_teachers(delta, combine="likelihood", choice=torch.tensor([-1, 1]))
     assert has.tolist() == [False, True] and d[0].abs().sum() == 0
     with pytest.raises(ValueError, match="alpha must be positive"):
         oprd_token_reward(rl, base, mask, acc, alpha=0.0)
     with pytest.raises(ValueError, match="unknown combine 'max'"):
         oprd_token_reward(rl, base, mask, acc, combine="max")
     with pytest.raises(ValueError, match="choice must hold teacher indices"):
-        combine_teachers(delta, combine="verifier", choice=torch.tensor([2, 0]))
+        combine_teachers(delta, combine="likelihood", choice=torch.tensor([2, 0]))
+    with pytest.raises(ValueError, match="needs teacher_ok"):
+        combine_teachers(delta, combine="verifier")
+
+
+def test_oprd_keeps_only_the_directions_the_verifier_supports() -> None:
+    """By hand: two teachers, three rows (a success, a failure, a failure). Row shifts
+    Σ_t Δ: teacher 0 (+1.5, −1.0, +0.5), teacher 1 (−1.5, +2.0, −0.25). A shift agrees
+    with the verdict when it points up on a success and down on a failure."""
+    rl = torch.tensor(
+        [
+            [[-1.0, -1.0], [-2.0, 9.0], [-1.0, -1.0]],
+            [[-0.5, -3.0], [-1.0, 9.0], [-1.25, -1.0]],
+        ]
+    )
+    base = torch.tensor(
+        [
+            [[-2.0, -1.5], [-1.0, 0.0], [-1.25, -1.25]],
+            [[-1.0, -1.0], [-3.0, 0.0], [-1.0, -1.0]],
+        ]
+    )
+    mask = torch.tensor([[True, True], [True, False], [True, True]])
+    success = torch.tensor([True, False, False])
+    delta = oprd_delta(rl, base, mask)
+    torch.testing.assert_close(
+        torch.where(mask[None], delta, 0.0).sum(-1),
+        torch.tensor([[1.5, -1.0, 0.5], [-1.5, 2.0, -0.25]]),
+    )
+    agree = verifier_agreement(delta, mask, success)
+    assert agree.tolist() == [[True, True, False], [False, False, True]]
+    # accept: agree → every row, each with its agreeing teachers only (α = 2)
+    every = verifier_mask(success, torch.ones(3, dtype=torch.bool), on="agree")
+    assert every.tolist() == [True, True, True]
+    r = oprd_row_reward(rl, base, mask, every, alpha=2.0, combine="verifier", teacher_ok=agree)
+    torch.testing.assert_close(r, torch.tensor([3.0, -2.0, -0.5]))
+    # the success is never pushed down, a failure never pushed up, whatever α
+    for alpha in (1.0, 4.0, 100.0):
+        r = oprd_row_reward(
+            rl, base, mask, every, alpha=alpha, combine="verifier", teacher_ok=agree
+        )
+        assert r[0] >= 0 and bool((r[1:] <= 0).all())
+    # without the filter (the mean over both teachers on every row) the success is
+    # rewarded 0 and the first failure +1: the shift outranks the verifier
+    r = oprd_row_reward(rl, base, mask, every, alpha=2.0)
+    torch.testing.assert_close(r, torch.tensor([0.0, 1.0, 0.25]))
+    # no direction (Δ = 0) does not agree; one teacher as [B, L]
+    flat = verifier_agreement(torch.zeros(3, 2), mask, success)
+    assert flat.tolist() == [[False, False, False]]
+    with pytest.raises(ValueError, match="must be"):
+        verifier_agreement(delta, mask, success[:2])
 
 
 def test_the_oprd_recipe_keeps_a_sharp_teachers_shift_below_the_success_reward() -> None:

@@ -111,7 +111,7 @@ def test_teacher_section_checks() -> None:
     assert "teacher.oprd.accept must be one of" in err(
         "oprd", "teacher.path=/x", "teacher.oprd.accept=maybe"
     )
-    assert "teacher.oprd.combine must be one of mean, verifier" in err(
+    assert "teacher.oprd.combine must be one of mean, verifier, likelihood" in err(
         "oprd", "teacher.path=/x", "teacher.oprd.combine=vote"
     )
     assert "teacher.oprd.episode_reduce must be one of sum, mean" in err(
@@ -402,18 +402,27 @@ def test_reward_and_advantage_routes_by_hand() -> None:
     torch.testing.assert_close(lesson.row_reward, 2.0 * delta * torch.tensor([1.0, 1, 0, 0]))
     assert lesson.metrics["teacher/accepted_frac"] == 0.5
 
-    # two OPRD teachers: the mean of their shifts, or per sample the teacher whose RL
-    # policy gives the sample the higher log-likelihood (teacher.oprd.combine)
+    # two OPRD teachers: the mean of their shifts, per sample the teacher whose RL policy
+    # gives the sample the higher log-likelihood, or the mean over the teachers whose
+    # shift agrees with the verifier (teacher.oprd.combine)
     rl2, base2 = PolicyTeacher(_guess_policy(3)), PolicyTeacher(_guess_policy(4))
     r2_lp, b2_lp = rl2.score(rows).logprobs, base2.score(rows).logprobs
     delta2 = torch.where(m, r2_lp - b2_lp, 0.0).sum(1)
     accepted = torch.tensor([1.0, 1, 0, 0])
-    for combine in ("mean", "verifier"):
-        cfg = TeacherConfig(kind="run", route="oprd", oprd=OPRDConfig(alpha=2.0, combine=combine))
+    for combine in ("mean", "likelihood", "verifier"):
+        accept = "agree" if combine == "verifier" else "success"
+        o = OPRDConfig(alpha=2.0, combine=combine, accept=accept)
+        cfg = TeacherConfig(kind="run", route="oprd", oprd=o)
         two = Teaching(cfg, teacher, base=PolicyTeacher(base), more=[(rl2, base2)])
         lesson = two.lesson(renderer, forest, [], pad)
         if combine == "mean":
             want = 2.0 * (delta + delta2) / 2 * accepted
+        elif combine == "verifier":  # every row, with the teachers agreeing with its verdict
+            both = torch.stack([delta, delta2])
+            ok = both * (2 * accepted - 1) > 0  # up on the successes, down on the failures
+            assert ok.any() and not ok.all()  # the hand forest has both kinds
+            want = 2.0 * (ok * both).sum(0) / ok.sum(0).clamp(min=1)
+            assert lesson.metrics["teacher/agree_frac"] == float(ok.float().mean())
         else:
             first = torch.where(m, t_lp, 0.0).sum(1) >= torch.where(m, r2_lp, 0.0).sum(1)
             assert 0 < int(first.sum()) < 4  # the hand forest exercises both choices

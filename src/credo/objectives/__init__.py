@@ -42,6 +42,7 @@ from credo.objectives.oprd import (
     oprd_delta,
     oprd_row_reward,
     oprd_token_reward,
+    verifier_agreement,
     verifier_mask,
 )
 from credo.objectives.ratios import RATIO_LEVELS, log_ratio
@@ -117,5 +118,6 @@ __all__ = [
     "sero_loss",
     "validate_aggregation",
     "validate_loss",
+    "verifier_agreement",
     "verifier_mask",
 ]

@@ -13,10 +13,22 @@ stronger student even when the teacher's absolute log-probs do not. The dense re
 accepts (success, validity, or both: :func:`verifier_mask`); the student keeps a KL to its
 own reference (the trainer's ordinary KL penalty, :func:`credo.objectives.kl_reward_penalty`).
 
+**Directions the verifier supports** (:func:`verifier_agreement`). The paper amplifies
+only the teacher guidance the verifier agrees with. A teacher's shift on a step has a
+direction, the sign of ``Σ_t Δ_t``: RL made that step more likely (``+``) or less likely
+(``−``). On a step of a verified success the supported direction is ``+``, on a step of a
+verified failure ``−``. ``accept: agree`` rewards every step with the teachers whose
+direction agrees with its episode's verdict, and no other: a success is never pushed down
+by a teacher that happens to dislike it, and a failure is pushed down only by a teacher
+that moved away from it, so an amplified shift (α > 1) cannot reorder the verifier's
+ranking of successes above failures.
+
 Several teachers ``i = 1..T`` combine per sample (:func:`combine_teachers`): ``mean``
-over the teachers the caller marks usable for that sample (``teacher_ok [T, B]``, e.g.
-the teacher's own answer on the task passes the verifier; all when not given), or
-``verifier``: one teacher per sample, ``choice [B]`` (or the first usable one).
+over the teachers the caller marks usable for that sample (``teacher_ok [T, B]``; all
+when not given), ``verifier``: the mean over the teachers whose direction agrees with the
+verifier on that sample (``teacher_ok`` = :func:`verifier_agreement`; none agreeing: no
+reward), or ``likelihood``: one teacher per sample, ``choice [B]`` (the caller's pick, e.g.
+the teacher most likely to have produced the sample; or the first usable one).
 
 Every knob is exposed: ``alpha``, ``clip`` (clamp Δ to ``[−clip, clip]`` before scaling),
 ``combine``, ``on`` (which rows the verifier accepts), ``reduce`` (per-row sum or mean).
@@ -35,11 +47,12 @@ __all__ = [
     "oprd_delta",
     "oprd_row_reward",
     "oprd_token_reward",
+    "verifier_agreement",
     "verifier_mask",
 ]
 
-COMBINE_MODES = ("mean", "verifier")
-VERIFIER_MODES = ("success", "valid", "success_and_valid", "all")
+COMBINE_MODES = ("mean", "verifier", "likelihood")
+VERIFIER_MODES = ("success", "valid", "success_and_valid", "all", "agree")
 
 
 def verifier_mask(
@@ -50,7 +63,9 @@ def verifier_mask(
     Args:
         success: ``[B]`` bool, the row's episode succeeded (broadcast from its episode).
         valid: ``[B]`` bool, the row's action was valid.
-        on: ``success`` (default), ``valid``, ``success_and_valid`` or ``all``.
+        on: ``success`` (default), ``valid``, ``success_and_valid``, ``all``, or
+            ``agree`` (every row: each teacher is then kept or dropped per row by
+            :func:`verifier_agreement`).
     """
     if success.shape != valid.shape:
         raise ValueError(
@@ -63,7 +78,7 @@ def verifier_mask(
         return valid.bool().clone()
     if on == "success_and_valid":
         return success.bool() & valid.bool()
-    if on == "all":
+    if on in ("all", "agree"):
         return torch.ones_like(success, dtype=torch.bool)
     raise ValueError(f"OPRD: unknown verifier mode {on!r}; valid: {', '.join(VERIFIER_MODES)}")
 
@@ -108,6 +123,29 @@ def oprd_delta(
     return d
 
 
+def verifier_agreement(
+    delta: torch.Tensor, mask: torch.Tensor, success: torch.Tensor
+) -> torch.Tensor:
+    """``[T, B]`` bool: teacher ``i``'s shift on row ``b`` points the way the verifier's
+    verdict does, ``sign(Σ_t Δ_{i,b,t}) = +1`` on a row of a successful episode and ``−1``
+    on a row of a failed one (a zero shift has no direction and does not agree).
+
+    Args:
+        delta: ``[T, B, L]`` (or ``[B, L]``) shifts (:func:`oprd_delta`, clipped or not).
+        mask: ``[B, L]`` bool, response tokens.
+        success: ``[B]`` bool, the verdict on each row's episode.
+    """
+    d = _stack(delta)
+    if d.shape[1:] != mask.shape or success.shape != mask.shape[:1]:
+        raise ValueError(
+            f"OPRD: delta {list(delta.shape)}, mask {list(mask.shape)} and success "
+            f"{list(success.shape)} must be [T, B, L], [B, L] and [B]"
+        )
+    shift = torch.where(mask.bool()[None], d, torch.zeros_like(d)).sum(-1)
+    verdict = torch.where(success.bool(), 1.0, -1.0).to(shift.dtype).to(shift.device)
+    return shift * verdict[None] > 0
+
+
 def combine_teachers(
     delta: torch.Tensor,
     *,
@@ -119,11 +157,14 @@ def combine_teachers(
 
     Args:
         delta: ``[T, B, L]`` shifts (:func:`oprd_delta`).
-        combine: ``mean`` (default: over the usable teachers of each sample) or
-            ``verifier`` (one teacher per sample).
+        combine: ``mean`` (default: over the usable teachers of each sample),
+            ``verifier`` (the same mean, over the teachers that agree with the verifier:
+            ``teacher_ok`` is then required, :func:`verifier_agreement`) or
+            ``likelihood`` (one teacher per sample).
         teacher_ok: ``[T, B]`` bool, teacher ``i`` may teach sample ``b`` (default: all).
-        choice: ``[B]`` int64 teacher index per sample for ``verifier`` (−1: none); default
-            the first usable teacher (``teacher_ok``), none if there is no usable one.
+        choice: ``[B]`` int64 teacher index per sample for ``likelihood`` (−1: none);
+            default the first usable teacher (``teacher_ok``), none if there is no usable
+            one.
 
     Returns:
         ``(delta [B, L], has_teacher [B] bool)``; rows without a teacher get 0.
@@ -136,11 +177,13 @@ def combine_teachers(
                 f"OPRD: teacher_ok must be [T, B] = [{n_t}, {b}], got {list(teacher_ok.shape)}"
             )
         ok = teacher_ok.bool().to(delta.device)
-    if combine == "mean":
+    if combine == "verifier" and teacher_ok is None:
+        raise ValueError("OPRD: combine='verifier' needs teacher_ok (verifier_agreement)")
+    if combine in ("mean", "verifier"):
         n = ok.sum(0)
         w = ok.to(delta.dtype) / n.clamp(min=1).to(delta.dtype)
         return (w[..., None] * delta).sum(0), n > 0
-    if combine == "verifier":
+    if combine == "likelihood":
         if choice is None:
             first = ok.to(torch.int64).argmax(0)
             choice = torch.where(ok.any(0), first, torch.full_like(first, -1))

@@ -52,6 +52,7 @@ from credo.objectives import (
     distill_token_reward,
     oprd_delta,
     oprd_row_reward,
+    verifier_agreement,
     verifier_mask,
 )
 from credo.teachers.base import TeacherCost, TeacherRows
@@ -191,17 +192,28 @@ def oprd(lesson: Lesson, x: RouteInputs) -> None:
     ep = forest.episodes()
     success = ep.success[forest.row_episode()]
     accepted = verifier_mask(success, forest.valid, on=o.accept) & x.row_mask
-    # ``verifier``: per sample, the teacher most likely to have produced it
-    choice = torch.where(mask[None], rl_lp, 0.0).sum(2).argmax(0) if teaching.more else None
-    delta, _ = combine_teachers(
-        oprd_delta(rl_lp, base_lp, mask, clip=o.clip), combine=o.combine, choice=choice
-    )
+    delta_all = oprd_delta(rl_lp, base_lp, mask, clip=o.clip)
+    agree = verifier_agreement(delta_all, mask, success)
+    # which teachers teach each row: those agreeing with the verifier (``accept: agree``
+    # or ``combine: verifier``), the one most likely to have produced it (``likelihood``)
+    filtered = o.accept == "agree" or o.combine == "verifier"
+    teacher_ok = agree if filtered else None
+    combine = "verifier" if filtered else o.combine
+    choice = None
+    if combine == "likelihood" and teaching.more:
+        choice = torch.where(mask[None], rl_lp, 0.0).sum(2).argmax(0)
+    delta, _ = combine_teachers(delta_all, combine=combine, teacher_ok=teacher_ok, choice=choice)
     n_tok = mask.sum().clamp(min=1)
     lesson.metrics["teacher/shift"] = float(delta.sum() / n_tok)
+    rows = x.row_mask & mask.any(1)
+    lesson.metrics["teacher/agree_frac"] = (
+        float(agree[:, rows].float().mean()) if rows.any() else 0.0
+    )
     lesson.metrics["teacher/accepted_frac"] = float(accepted.float().mean()) if len(tb) else 0.0
     reward = oprd_row_reward(
         rl_lp, base_lp, mask, accepted,
-        reduce=o.reduce, alpha=o.alpha, clip=o.clip, combine=o.combine, choice=choice,
+        reduce=o.reduce, alpha=o.alpha, clip=o.clip, combine=combine, choice=choice,
+        teacher_ok=teacher_ok,
     )  # fmt: skip
     if o.episode_reduce == "mean":  # a row shared by several episodes: their mean length
         steps = forest.episode_values_to_rows(ep.length.to(torch.float64))

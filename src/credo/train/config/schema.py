@@ -509,7 +509,9 @@ class OPRDConfig:
             amplifies).
         accept: the rows the verifier accepts, the only ones rewarded: ``success`` (default:
             rows of successful episodes), ``valid`` (valid actions),
-            ``success_and_valid`` or ``all``.
+            ``success_and_valid``, ``all``, or ``agree`` (every row, each with only the
+            teachers whose shift points the way its episode's verdict does: up on a
+            success, down on a failure; the paper's "directions the verifier supports").
         clip: clamp each token's Δ to ``[−clip, clip]`` before scaling (default ``None``:
             no clamp).
         reduce: how a row's token rewards become its step reward: ``sum`` (default) or
@@ -522,8 +524,10 @@ class OPRDConfig:
             RUN, base_path: FOLDER}`` (``base_path`` optional: ``<path>/reference``);
             every teacher scores every sample (default ``[]``: one teacher).
         combine: how several teachers' shifts combine per sample: ``mean`` (default:
-            the mean of the teachers' Δ) or ``verifier`` (per accepted sample, the one
-            teacher whose RL policy is most likely to have produced it, the highest
+            the mean of the teachers' Δ), ``verifier`` (the mean over the teachers whose
+            shift on that sample agrees with the verifier, as under ``accept: agree``;
+            none agreeing: no teacher reward) or ``likelihood`` (the one teacher whose
+            RL policy is most likely to have produced the sample, the highest
             ``Σ_t log π_T^RL(y_t)``, teaches it alone).
     """
 
