@@ -47,6 +47,37 @@ def test_gym_id_names_the_env_and_the_oracle_wins() -> None:
         assert env.state_key().startswith("done|1")
 
 
+def test_the_oracle_is_the_teachers_privileged_text() -> None:
+    """An env with ``oracle_action()`` gives self-teachers (Rényi OPSD, ``teacher.privileged:
+    oracle``) the oracle's next action as its privileged text, ``None`` once the episode is
+    over or for another kind; an env with neither method offers none; an env with its own
+    ``privileged_context`` is asked directly."""
+    from credo.envs.base import privileged_context
+
+    env = make_env(f"gym:{ENV_ID}")
+    obs = env.reset(Task.make("train", 3))
+    first_off = obs.split()[3::2].index("off") + 1
+    assert privileged_context(env, "oracle") == env.oracle_action() == f"flip {first_off}"
+    assert privileged_context(env, "hint") is None
+    while not env.step(env.oracle_action()).done:
+        pass
+    assert privileged_context(env, "oracle") is None
+    lake = make_env("gym:FrozenLake-v1", action_names=["left", "down", "right", "up"])
+    assert privileged_context(lake, "oracle") is None and not hasattr(lake, "privileged_context")
+
+    class Hinted(TextLightsEnv):
+        def privileged_context(self, kind: str) -> str | None:
+            return f"{kind} text"
+
+    gymnasium.register("credo-test/Hinted-v0", entry_point=Hinted, max_episode_steps=8)
+    try:
+        hinted = make_env("gym:credo-test/Hinted-v0")
+        hinted.reset(Task.make("train", 3))
+        assert privileged_context(hinted, "hint") == "hint text"
+    finally:
+        gymnasium.registry.pop("credo-test/Hinted-v0", None)
+
+
 def test_steps_and_invalid_actions() -> None:
     env = GymEnv(ENV_ID)
     obs = env.reset(Task.make("train", 3))

@@ -41,7 +41,9 @@ branched (use the group sampler).
 (else the observation is); when it has ``instruction()``, ``oracle_action()``,
 ``sample_action(rng)`` or ``vocabulary()``, the adapter offers them to credo (the oracle
 enables the warm start); with ``Discrete`` actions and ``action_names``, a random
-action name is the plausible actor and the names are in the vocabulary.
+action name is the plausible actor and the names are in the vocabulary. Teacher-only
+text (``privileged_context(kind)``, read by self-teachers such as Rényi OPSD's) is the
+env's own method when it has one, else the oracle's next action for ``"oracle"``.
 """
 
 from __future__ import annotations
@@ -142,6 +144,10 @@ class GymEnv:
         if self._names is not None:
             self.sample_action = self._sample_name
             self.vocabulary = self._vocabulary
+        if callable(getattr(inner, "privileged_context", None)) or callable(
+            getattr(inner, "oracle_action", None)
+        ):
+            self.privileged_context = self._privileged_context
 
     def _observe(self, obs: Any) -> str:
         text = obs if isinstance(obs, str) else f"state {int(obs)}"
@@ -233,6 +239,18 @@ class GymEnv:
 
     def _oracle_action(self) -> str:
         return str(self._env.unwrapped.oracle_action())
+
+    def _privileged_context(self, kind: str) -> str | None:
+        """The Gymnasium env's own ``privileged_context(kind)`` when it has one; else, for
+        ``"oracle"``, its ``oracle_action()`` (the next action of its solver, the text the
+        built-in envs give; ``None`` once the episode is over)."""
+        inner = self._env.unwrapped
+        if callable(getattr(inner, "privileged_context", None)):
+            text = inner.privileged_context(kind)
+            return None if text is None else str(text)
+        if kind != "oracle" or self._done:
+            return None
+        return str(inner.oracle_action())
 
     def _sample_action(self, rng: random.Random) -> str:
         return str(self._env.unwrapped.sample_action(rng))
