@@ -276,6 +276,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.warm is not None and result.final is not None:
         delta = result.final.success_rate - result.warm.success_rate
         console.print(f"change in held-out success: {delta:+.1%} (absolute)")
+    _print_by_env(console, rows)
     for label, ev in ((baseline_label(cfg), result.warm), ("trained", result.final)):
         if ev is not None and getattr(ev, "errors", 0):
             console.print(
@@ -345,6 +346,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     )
     _print_passk(console, res["eval"])
+    _print_by_env(console, [("policy", res["eval"])])
     if args.json:
         print(json.dumps(res["eval"].to_dict()))
     return 0
@@ -357,6 +359,25 @@ def _eval_ks(args: argparse.Namespace) -> tuple[int, ...]:
     if args.k is not None:
         return parse_ks(args.k)
     return (1, args.trials) if args.trials > 1 else ()
+
+
+def _print_by_env(console: Any, rows: list[tuple[str, Any]]) -> None:
+    """Held-out success per env of a mixture, one column per policy, and the weakest env
+    of each (nothing for a single env)."""
+    rows = [(label, ev) for label, ev in rows if getattr(ev, "by_env", None)]
+    if not rows:
+        return
+    envs = sorted({e for _, ev in rows for e in ev.by_env})
+    table = [
+        [e, str(rows[0][1].by_env.get(e, {}).get("tasks", ""))]
+        + [f"{ev.by_env[e]['success_rate']:.1%}" if e in ev.by_env else "—" for _, ev in rows]
+        for e in envs
+    ]
+    cols = ["env", "tasks", *(label for label, _ in rows)]
+    console.print(_table("held-out success by env", cols, table))
+    for label, ev in rows:
+        weak = ev.weakest_env
+        console.print(f"weakest env, {label}: {weak} ({ev.by_env[weak]['success_rate']:.1%})")
 
 
 def _print_passk(console: Any, ev: Any) -> None:

@@ -99,6 +99,10 @@ class RecipeSummary:
     #: held-out truth of the episodes' free text, seed by seed (``EvalResult.text_truth``;
     #: empty where the env has none)
     text_truth: list[float] = field(default_factory=list)
+    #: held-out success per env of a mixture, seed by seed (``EvalResult.by_env``)
+    by_env: dict[str, list[float]] = field(default_factory=dict)
+    #: held-out success of each seed's weakest env (``EvalResult.weakest_env``)
+    weakest: list[float] = field(default_factory=list)
 
     @property
     def mean(self) -> float:
@@ -129,6 +133,8 @@ class RecipeSummary:
             "pass_hat_k": self.pass_hat_k,
             "health": {k: statistics.fmean(v) for k, v in self.health.items()},
             "text_truth": self.text_truth,
+            "by_env": self.by_env,
+            "weakest": self.weakest,
         }
 
 
@@ -200,6 +206,7 @@ def _result(run_dir: Path) -> dict[str, Any]:
     return {
         "final": final["success_rate"],
         "text_truth": final.get("text_truth"),
+        "by_env": {k: v["success_rate"] for k, v in (final.get("by_env") or {}).items()},
         "warm": (warm.get("eval") or {}).get("success_rate"),
         "metrics": read_metrics(run_dir / "metrics.jsonl"),
     }
@@ -311,6 +318,10 @@ def compare(
             s.warm.append(res["warm"])
         if res["text_truth"] is not None:
             s.text_truth.append(res["text_truth"])
+        for env, v in res.get("by_env", {}).items():
+            s.by_env.setdefault(env, []).append(v)
+        if res.get("by_env"):
+            s.weakest.append(min(res["by_env"].values()))
         m = res["metrics"]
         s.curves.append([(r["rollout/env_steps_total"], r["rollout/success_rate"]) for r in m])
         s.iteration_s.append(statistics.fmean(r["time/iteration_s"] for r in m))
@@ -484,6 +495,7 @@ def _health(metrics: list[dict[str, Any]], smooth: int) -> dict[str, float]:
 def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
     health = _health_keys(summaries)
     texts = any(s.text_truth for s in summaries)
+    envs = _envs(summaries)
     rows = []
     for s in summaries:
         rows.append(
@@ -507,9 +519,16 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
                 ),
                 *(f"{statistics.fmean(v):.1%}" for v in s.pass_hat_k.values()),
                 *([_mean_sd(s.text_truth)] if texts else []),
+                *([_mean_sd(s.weakest)] if envs else []),
+                *(_mean_sd(s.by_env.get(e, [])) for e in envs),
             ]
         )
     return rows
+
+
+def _envs(summaries: list[RecipeSummary]) -> list[str]:
+    """The envs of a mixture, sorted ([] for one env)."""
+    return sorted({e for s in summaries for e in s.by_env})
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -541,12 +560,16 @@ def _per_seed_ratios(ratios: list[float | None]) -> str:
 
 
 def _columns(summaries: list[RecipeSummary]) -> list[str]:
-    """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for, and the
-    held-out text truth where the env knows it."""
+    """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for, the
+    held-out text truth where the env knows it, and on a mixture of envs the weakest
+    env's success and each env's."""
     ks = list(summaries[0].pass_hat_k) if summaries else []
     health = [HEALTH_COLUMNS[k][0] for k in _health_keys(summaries)]
     texts = ["held-out text truth (mean ± sd)"] if any(s.text_truth for s in summaries) else []
-    return [*COLUMNS, *health, *(f"held-out pass^{k}" for k in ks), *texts]
+    envs = _envs(summaries)
+    per_env = [f"held-out {e} (mean ± sd)" for e in envs]
+    weakest = ["weakest env, held-out (mean ± sd)"] if envs else []
+    return [*COLUMNS, *health, *(f"held-out pass^{k}" for k in ks), *texts, *weakest, *per_env]
 
 
 COLUMNS = [

@@ -9,6 +9,7 @@ declares them in the ``credo.envs`` entry-point group.
 
 from credo.envs import bfcl as _bfcl  # noqa: F401  (registers "bfcl")
 from credo.envs import gym_env as _gym  # noqa: F401  (registers "gym" and gym:ENV_ID)
+from credo.envs import mixture as _mixture  # noqa: F401  (registers "mixture")
 from credo.envs import recall as _recall  # noqa: F401  (registers "recall")
 from credo.envs import shop as _shop  # noqa: F401  (registers "shop")
 from credo.envs import sokoban as _sokoban  # noqa: F401  (registers "sokoban")

@@ -5,7 +5,9 @@ Wilson interval, the return, the invalid-action rate and the mean turns. With ``
 n > 1 it adds pass@k and pass^k for the requested k ≤ n (:mod:`credo.eval.passk`) and the
 interval becomes a task-level one (trials of one task are not independent). When tasks
 have a difficulty (``task.data["difficulty"]``, or the env's optional
-``task_difficulty()`` after ``reset``), the result breaks success (and pass^k) down by it.
+``task_difficulty()`` after ``reset``), the result breaks success (and pass^k) down by it;
+on a mixture of envs (``task_env()``, :mod:`credo.envs.mixture`) it does the same per env
+and names the weakest env.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class EvalResult:
             JSON); empty unless k values were asked for.
         by_difficulty: per task difficulty: ``{"tasks", "success_rate", "pass_hat_k"}``;
             empty when tasks have no difficulty.
+        by_env: the same per env of a mixture (the env's ``task_env()`` after a reset on
+            each task); empty for one env.
+        weakest_env: the env of ``by_env`` with the lowest success rate (the first by
+            label among equals), or ``None``.
         text_truth: where episodes close with free text whose hidden truth the env
             knows (``offers_free_text()`` true, ``info["message_truth"]`` on the step
             that sends it: ``tools`` with ``closing=respond``), the mean truth of the
@@ -95,6 +101,8 @@ class EvalResult:
     pass_hat_k: dict[str, float] = field(default_factory=dict)
     by_difficulty: dict[str, dict[str, Any]] = field(default_factory=dict)
     text_truth: float | None = None
+    by_env: dict[str, dict[str, Any]] = field(default_factory=dict)
+    weakest_env: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,7 +162,11 @@ def evaluate(
         lo, hi = wilson_interval(wins, len(eps))
     else:
         lo, hi = task_interval([c / trials for c in wins_per_task])
-    labels = _difficulties(make_env, [Task.make(split, first_task + i) for i in range(episodes)])
+    all_tasks = [Task.make(split, first_task + i) for i in range(episodes)]
+    labels = _task_labels(make_env, all_tasks, "task_difficulty", "difficulty")
+    by_env = _breakdown(
+        _task_labels(make_env, all_tasks, "task_env", "env"), wins_per_task, trials, ks
+    )
     texts = _offers_free_text(make_env)
     return EvalResult(
         episodes=len(eps),
@@ -172,6 +184,8 @@ def evaluate(
         pass_hat_k={str(k): pass_hat_k(wins_per_task, trials, k) for k in ks},
         by_difficulty=_breakdown(labels, wins_per_task, trials, ks),
         text_truth=sum(map(_text_truth, eps)) / len(eps) if texts and eps else None,
+        by_env=by_env,
+        weakest_env=min(by_env, key=lambda k: by_env[k]["success_rate"]) if by_env else None,
     )
 
 
@@ -191,17 +205,19 @@ def _text_truth(episode: Any) -> float:
     return float(truths[-1]) if truths else 0.0
 
 
-def _difficulties(make_env: Callable[[], Any], tasks: list[Task]) -> list[str] | None:
-    """Each task's difficulty (``task.data["difficulty"]``, else the env's
-    ``task_difficulty()`` after a reset on it), or ``None`` when tasks have none."""
+def _task_labels(
+    make_env: Callable[[], Any], tasks: list[Task], method: str, data_key: str
+) -> list[str] | None:
+    """Each task's label (``task.data[data_key]``, else the env's ``method()`` after a
+    reset on it: ``task_difficulty``, ``task_env``), or ``None`` when tasks have none."""
     env = None
     labels = []
     for t in tasks:
-        if "difficulty" in t.data:
-            labels.append(str(t.data["difficulty"]))
+        if data_key in t.data:
+            labels.append(str(t.data[data_key]))
             continue
         env = make_env() if env is None else env
-        fn = getattr(env, "task_difficulty", None)
+        fn = getattr(env, method, None)
         if fn is None:
             return None
         try:

@@ -149,6 +149,13 @@ class EnvPool:
     ) -> None:
         if workers < 1:
             raise ValueError(f"EnvPool: workers must be ≥ 1, got {workers}")
+        probe = factory()
+        reason = getattr(probe, "in_process_only", None)
+        if reason:  # an env whose every method reads the current task's state
+            raise ValueError(
+                f"rollout.env_workers={workers}: {type(probe).__name__} runs in this process "
+                f"only ({reason}); set rollout.env_workers=0"
+            )
         ray = require_ray()
         self.ray = ray
         self.factory = factory
@@ -162,7 +169,7 @@ class EnvPool:
                 **(ray_init or {}),
             )
             self.started_ray = True
-        self.template = factory()
+        self.template = probe
         cls = type(self.template)
         self.methods = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
         self._actor_cls = ray.remote(num_cpus=cpus_per_worker, max_restarts=0)(EnvHost)

@@ -190,8 +190,20 @@ def iteration_metrics(data: IterationData, env_steps_total: int, clock: Clock) -
         "perf/env_steps_per_s": rollout.env_steps / max(1e-9, sampling),
         "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, sampling),
         **top_action(forest),
+        **success_by_env(eps),
         **{k: float(v) for k, v in sorted(rollout.stats.items())},
     }
+
+
+def success_by_env(episodes: list[Any]) -> dict[str, float]:
+    """``rollout/success/<env>``: training success per env of a mixture, for episodes whose
+    steps carry ``info["env"]`` (:mod:`credo.envs.mixture`); ``{}`` for one env."""
+    wins: dict[str, list[bool]] = {}
+    for e in episodes:
+        label = e.steps[-1].info.get("env") if e.steps else None
+        if label is not None:
+            wins.setdefault(str(label), []).append(bool(e.success))
+    return {f"rollout/success/{k}": sum(v) / len(v) for k, v in sorted(wins.items())}
 
 
 def top_action(forest: RolloutForest) -> dict[str, Any]:
