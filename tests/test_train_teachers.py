@@ -402,6 +402,19 @@ def test_reward_and_advantage_routes_by_hand() -> None:
     torch.testing.assert_close(lesson.row_reward, 2.0 * delta * torch.tensor([1.0, 1, 0, 0]))
     assert lesson.metrics["teacher/accepted_frac"] == 0.5
 
+    # oprd_token: α·Δ_t per token on the same rows, added to the advantages after credit
+    o = OPRDConfig(alpha=2.0, accept="success", clip=0.5)
+    cfg = TeacherConfig(kind="run", route="oprd_token", oprd=o)
+    lesson = Teaching(cfg, teacher, base=PolicyTeacher(base)).lesson(renderer, forest, [], pad)
+    succ = torch.tensor([True, True, False, False])[:, None]
+    want = torch.where(m & succ, 2.0 * (t_lp - b_lp).clamp(-0.5, 0.5), 0.0)
+    torch.testing.assert_close(lesson.token_reward, want)
+    assert lesson.row_reward is None and want.abs().sum() > 0
+    batch = forest.to_batch(torch.tensor([1.0, 1.0, -1.0, -1.0]), pad_id=pad)
+    before = batch.advantages.clone()
+    lesson.attach(batch)
+    torch.testing.assert_close(batch.advantages - before, want)
+
     # two OPRD teachers: the mean of their shifts, per sample the teacher whose RL policy
     # gives the sample the higher log-likelihood, or the mean over the teachers whose
     # shift agrees with the verifier (teacher.oprd.combine)

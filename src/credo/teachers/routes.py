@@ -31,7 +31,8 @@ The built-in routes (docs/algorithms.md#on-policy-distillation):
 - ``row_reward``: ``−coef·(log π_θ(y_t) − log π_T(y_t))`` reduced per step, before credit;
 - ``token_advantage``: the same per token, added to the advantages after credit;
 - ``oprd``: OPRD's ``α·Δ_t`` per step on the rows the verifier accepts, before credit
-  (several teachers combined per sample).
+  (several teachers combined per sample);
+- ``oprd_token``: the same ``α·Δ_t`` per token, added to the advantages after credit.
 
 A new route is one function with its registration; ``teacher.route: name`` selects it
 (checked at config load).
@@ -52,6 +53,7 @@ from credo.objectives import (
     distill_token_reward,
     oprd_delta,
     oprd_row_reward,
+    oprd_token_reward,
     verifier_agreement,
     verifier_mask,
 )
@@ -173,11 +175,22 @@ def token_advantage(lesson: Lesson, x: RouteInputs) -> None:
     )
 
 
-@register_route("oprd", base=True)
-def oprd(lesson: Lesson, x: RouteInputs) -> None:
-    """OPRD's per-step reward ``α·Σ_t Δ_t`` (or the mean) on accepted rows, with several
-    teachers combined per sample (``teacher.oprd.combine``), divided by the episode's
-    step count under ``teacher.oprd.episode_reduce: mean``."""
+@dataclass
+class _OPRDShift:
+    """What both OPRD routes read: the teachers' log-probs and how they teach each row."""
+
+    rl_lp: torch.Tensor
+    base_lp: torch.Tensor
+    accepted: torch.Tensor
+    teacher_ok: torch.Tensor | None
+    combine: str
+    choice: torch.Tensor | None
+
+
+def _oprd_shift(lesson: Lesson, x: RouteInputs) -> _OPRDShift:
+    """Score the base teachers (and further pairs), choose per row the rows the verifier
+    accepts and the teachers that teach them, and record ``teacher/shift``,
+    ``teacher/agree_frac`` and ``teacher/accepted_frac``."""
     teaching, tb, forest = x.teaching, x.batch, x.forest
     assert teaching.base is not None
     o = x.settings.oprd
@@ -189,8 +202,7 @@ def oprd(lesson: Lesson, x: RouteInputs) -> None:
     rl_lp = torch.stack([lesson.scores.logprobs, *(s.logprobs for s in scored[1::2])])
     base_lp = torch.stack([scored[0].logprobs, *(s.logprobs for s in scored[2::2])])
     mask = tb.response_mask
-    ep = forest.episodes()
-    success = ep.success[forest.row_episode()]
+    success = forest.episodes().success[forest.row_episode()]
     accepted = verifier_mask(success, forest.valid, on=o.accept) & x.row_mask
     delta_all = oprd_delta(rl_lp, base_lp, mask, clip=o.clip)
     agree = verifier_agreement(delta_all, mask, success)
@@ -203,19 +215,46 @@ def oprd(lesson: Lesson, x: RouteInputs) -> None:
     if combine == "likelihood" and teaching.more:
         choice = torch.where(mask[None], rl_lp, 0.0).sum(2).argmax(0)
     delta, _ = combine_teachers(delta_all, combine=combine, teacher_ok=teacher_ok, choice=choice)
-    n_tok = mask.sum().clamp(min=1)
-    lesson.metrics["teacher/shift"] = float(delta.sum() / n_tok)
+    lesson.metrics["teacher/shift"] = float(delta.sum() / mask.sum().clamp(min=1))
     rows = x.row_mask & mask.any(1)
     lesson.metrics["teacher/agree_frac"] = (
         float(agree[:, rows].float().mean()) if rows.any() else 0.0
     )
     lesson.metrics["teacher/accepted_frac"] = float(accepted.float().mean()) if len(tb) else 0.0
+    return _OPRDShift(rl_lp, base_lp, accepted, teacher_ok, combine, choice)
+
+
+@register_route("oprd", base=True)
+def oprd(lesson: Lesson, x: RouteInputs) -> None:
+    """OPRD's per-step reward ``α·Σ_t Δ_t`` (or the mean) on accepted rows, with several
+    teachers combined per sample (``teacher.oprd.combine``), divided by the episode's
+    step count under ``teacher.oprd.episode_reduce: mean``; added to the step rewards
+    before credit assignment."""
+    o, forest = x.settings.oprd, x.forest
+    sh = _oprd_shift(lesson, x)
     reward = oprd_row_reward(
-        rl_lp, base_lp, mask, accepted,
-        reduce=o.reduce, alpha=o.alpha, clip=o.clip, combine=combine, choice=choice,
-        teacher_ok=teacher_ok,
+        sh.rl_lp, sh.base_lp, x.batch.response_mask, sh.accepted,
+        reduce=o.reduce, alpha=o.alpha, clip=o.clip, combine=sh.combine, choice=sh.choice,
+        teacher_ok=sh.teacher_ok,
     )  # fmt: skip
     if o.episode_reduce == "mean":  # a row shared by several episodes: their mean length
-        steps = forest.episode_values_to_rows(ep.length.to(torch.float64))
+        steps = forest.episode_values_to_rows(forest.episodes().length.to(torch.float64))
         reward = reward / steps.clamp(min=1).to(reward.dtype)
     lesson.row_reward = reward
+
+
+@register_route("oprd_token", base=True)
+def oprd_token(lesson: Lesson, x: RouteInputs) -> None:
+    """OPRD's ``α·Δ_t`` per token, on the rows and with the teachers of the ``oprd`` route,
+    added to the advantages *after* credit assignment (as ``token_advantage`` adds a
+    distillation reward): the teacher's shift is a dense per-token term beside the
+    verifier's group-normalised advantage, so it is never rescaled by a group's standard
+    deviation (in a group whose episodes all succeed, GRPO's advantage is 0 and this
+    route's is α·Δ_t alone)."""
+    o = x.settings.oprd
+    sh = _oprd_shift(lesson, x)
+    lesson.token_reward = oprd_token_reward(
+        sh.rl_lp, sh.base_lp, x.batch.response_mask, sh.accepted,
+        alpha=o.alpha, clip=o.clip, combine=sh.combine, choice=sh.choice,
+        teacher_ok=sh.teacher_ok,
+    )  # fmt: skip

@@ -591,7 +591,9 @@ class TeacherConfig:
             ``row_reward`` (the dense reward ``−coef·(log π_θ − log π_T)`` summed per step
             is added to the env reward before credit assignment), ``token_advantage``
             (the same reward per token added to the advantages after credit assignment)
-            or ``oprd`` (OPRD's ``α·Δ`` per step before credit assignment; ``oprd``).
+            ``oprd`` (OPRD's ``α·Δ`` per step before credit assignment; ``oprd``) or
+            ``oprd_token`` (OPRD's ``α·Δ_t`` per token added to the advantages after
+            credit assignment, never rescaled by a group's standard deviation).
         reward_coef: the scale of the ``row_reward`` / ``token_advantage`` reward
             (default 1.0; > 0).
         reward_clip: clamp each token's reward to ``[−clip, clip]`` (default ``None``).
