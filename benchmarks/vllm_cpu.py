@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         seqs = []
         for p, g in zip(prompts, g_vl):
             ids = torch.tensor([p + g.token_ids])
-            lp = policy.logprobs(ids, torch.ones_like(ids))[0, len(p) : len(p) + len(g.token_ids)]
+            with torch.no_grad():
+                lp = policy.logprobs(ids, torch.ones_like(ids))[
+                    0, len(p) : len(p) + len(g.token_ids)
+                ]
             worst = max(worst, float((lp - g.logprobs).abs().max()))
             seqs.append(p + g.token_ids)
         width = max(map(len, seqs))

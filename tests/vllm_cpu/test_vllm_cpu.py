@@ -37,13 +37,26 @@ def _largest_diff(policy: HFPolicy, prompts: list[list[int]], gens: list) -> flo
     worst = 0.0
     for p, g in zip(prompts, gens):
         ids = torch.tensor([p + g.token_ids])
-        lp = policy.logprobs(ids, torch.ones_like(ids))[0, len(p) : len(p) + len(g.token_ids)]
+        with torch.no_grad():
+            lp = policy.logprobs(ids, torch.ones_like(ids))[0, len(p) : len(p) + len(g.token_ids)]
         worst = max(worst, float((lp - g.logprobs).abs().max()))
     return worst
 
 
 def test_the_cpu_build_is_found() -> None:
     assert vllm_on_cpu()
+
+
+def test_a_head_size_the_cpu_build_cannot_run_is_one_line() -> None:
+    """The built-in model's default (128 wide, 8 heads: 16 per head) stops before vLLM is
+    built, naming the sizes it runs and the fix."""
+    from transformers import LlamaConfig
+
+    from credo.policy.vllm_engine import check_cpu_head_dim
+
+    with pytest.raises(ValueError, match=r"heads are 16 wide; it runs 32, 64.*num_heads: 4"):
+        check_cpu_head_dim(LlamaConfig(hidden_size=128, num_attention_heads=8))
+    check_cpu_head_dim(LlamaConfig(hidden_size=128, num_attention_heads=4))
 
 
 def test_smollm2_generates_with_the_trainers_logprobs_and_follows_its_weights(
@@ -85,6 +98,8 @@ def test_a_grpo_run_on_vllm_has_its_signal_and_samples_the_updated_weights(
 
     args = [
         *WARM,
+        # 32-wide heads: vLLM's CPU attention has no 16-wide kernel (WARM's 64 / 4)
+        "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128}",
         "rollout.engine=vllm",
         "rollout.engine_params={dtype: float32, enforce_eager: true}",
         "rollout.tasks_per_iter=8",

