@@ -61,6 +61,12 @@ def _study(tmp_path: Path, **fields: object) -> Path:
             {"arms": [{"recipe": "no_such_recipe"}], "reference": None},
             r"arm no_such_recipe: unknown recipe",
         ),
+        ({"setup": {"name": "t"}}, r"setup must be a list of \{name, recipe, overrides\}"),
+        ({"setup": [{"recipe": "grpo"}]}, r"setup run 1 must be a mapping with name and recipe"),
+        (
+            {"setup": [{"name": "t", "recipe": "grpo", "overrides": ["optim.lr=-1"]}]},
+            r"arm t: optim.lr",
+        ),
     ],
 )
 def test_a_bad_study_file_is_one_line_naming_the_file(
@@ -69,6 +75,26 @@ def test_a_bad_study_file_is_one_line_naming_the_file(
     path = _study(tmp_path, **fields)
     with pytest.raises(ConfigError, match=rf"^study {path}: {message}"):
         load_study(path)
+
+
+def test_setup_runs_train_first_and_arms_name_them(tmp_path: Path) -> None:
+    """A study whose arm needs a teacher trains it first (``setup``), once, and the arm's
+    ``{setup}/NAME`` names it; the file loads before the teacher exists."""
+    teacher = {"name": "teacher", "recipe": "grpo", "overrides": ["train.iterations=1"]}
+    arm = {"name": "opd", "recipe": "opd", "overrides": ["teacher.path={setup}/teacher"]}
+    path = _study(tmp_path, setup=[teacher], arms=[arm], reference=None)
+    study = load_study(path)  # the teacher does not exist yet
+    assert [a.name for a in study.setup] == ["teacher"]
+    out = tmp_path / "runs"
+    summaries = run_study(study, out_root=out, docs=None)
+    assert [s.recipe for s in summaries] == ["opd"]
+    run = out / "tiny" / "opd-seed0"
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["teacher"]["path"] == str(out / "tiny" / "teacher")
+    assert (out / "tiny" / "teacher" / "final_policy").is_dir()
+    made = (out / "tiny" / "teacher" / "metrics.jsonl").stat().st_mtime_ns
+    run_study(study, out_root=out, docs=None)  # finished: read, not trained again
+    assert (out / "tiny" / "teacher" / "metrics.jsonl").stat().st_mtime_ns == made
 
 
 def test_the_cli_refuses_a_bad_study_before_any_run(

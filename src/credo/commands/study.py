@@ -13,12 +13,17 @@ A study is a YAML file (``studies/<name>.yaml``) naming what is tested and how::
     arms:
       - {name: 1x1, recipe: grpo, overrides: [optim.epochs=1, optim.minibatches=1]}
       - {name: 1x4, recipe: grpo, overrides: [optim.minibatches=4]}
+    setup:                      # optional: runs the arms need (a teacher), trained first
+      - {name: teacher, recipe: grpo, overrides: [train.iterations=20]}
+    # an arm names a setup run as {setup}/NAME, quoted: "teacher.path={setup}/teacher"
     verdict: pending            # reproduced in kind | not reproduced | mixed | pending
     why: ""                     # one line: the numbers that decide the verdict
     result: ""                  # one line: credo's result, for the index
     notes: ""                   # markdown under the table: readings, diagnostics
 
-``credo study studies/<name>.yaml [--jobs 2]`` trains every arm with every seed through
+``credo study studies/<name>.yaml [--jobs 2]`` trains the setup runs (each once, with the
+study's overrides and its own, into the study's run folder), then every arm with every seed
+through
 :func:`credo.commands.compare.compare` (the same tasks and budget, one warm start per seed,
 resumable: run it again after a stop), then writes ``docs/studies/<name>.md`` (the
 study's setup, the exact command, the table, the plot, the verdict and notes) and the
@@ -63,8 +68,11 @@ _KEYS = {
     "why",
     "result",
     "notes",
+    "setup",
 }
 _ARM_KEYS = {"name", "recipe", "overrides"}
+#: The placeholder an arm's override uses for the study's run folder (its setup runs).
+SETUP = "{setup}"
 
 
 @dataclass
@@ -82,10 +90,18 @@ class Study:
     overrides: list[str] = field(default_factory=list)
     iterations: int | None = None
     reference: str | None = None
+    setup: list[Arm] = field(default_factory=list)
     verdict: str = "pending"
     why: str = ""
     result: str = ""
     notes: str = ""
+
+    def arms_in(self, out_dir: Path) -> list[Arm]:
+        """The arms with ``{setup}`` in their overrides replaced by ``out_dir``."""
+        return [
+            Arm(a.name, a.recipe, tuple(o.replace(SETUP, str(out_dir)) for o in a.overrides))
+            for a in self.arms
+        ]
 
     def common_overrides(self) -> list[str]:
         """The overrides of every arm: the study's, with its env and iterations."""
@@ -167,6 +183,27 @@ def load_study(path: str | Path) -> Study:
                 tuple(_strings(path, f"arm {name}'s overrides", a.get("overrides"))),
             )
         )
+    setup = []
+    raw_setup = data.get("setup") or []
+    if not isinstance(raw_setup, list):
+        raise _fail(path, "setup must be a list of {name, recipe, overrides}")
+    for k, a in enumerate(raw_setup):
+        if not (
+            isinstance(a, dict)
+            and not set(a) - _ARM_KEYS
+            and isinstance(a.get("recipe"), str)
+            and isinstance(a.get("name"), str)
+        ):
+            raise _fail(
+                path, f"setup run {k + 1} must be a mapping with name and recipe, got {a!r}"
+            )
+        setup.append(
+            Arm(
+                a["name"],
+                a["recipe"],
+                tuple(_strings(path, f"setup {a['name']}", a.get("overrides"))),
+            )
+        )
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
         raise _fail(path, f"arm names must differ: {', '.join(names)}")
@@ -194,14 +231,17 @@ def load_study(path: str | Path) -> Study:
         overrides=_strings(path, "overrides", data.get("overrides")),
         iterations=iterations,
         reference=reference,
+        setup=setup,
         verdict=verdict,
         why=data.get("why", ""),
         result=data.get("result", ""),
         notes=data.get("notes", ""),
     )
-    for arm in arms:  # every arm's config loads (names, values, files) before any run
+    for arm in [*setup, *arms]:  # every config loads (names, values, files) before any run
+        # an override naming a setup run is checked once that run exists (run_study)
+        own = [o for o in arm.overrides if SETUP not in o]
         try:
-            load_config(arm.recipe, [*study.common_overrides(), *arm.overrides])
+            load_config(arm.recipe, [*study.common_overrides(), *own])
         except ConfigError as exc:
             raise _fail(path, f"arm {arm.name}: {exc}") from None
     return study
@@ -218,9 +258,23 @@ def run_study(
 ) -> list[RecipeSummary]:
     """Train the study's arms × seeds (resumable) into ``out_root/<name>``; with
     ``docs``, write its page and refresh the index there. Returns the summaries."""
+    from credo.commands.compare import _run_one
+    from credo.train.config import load_config
+
     out_dir = Path(out_root) / study.name
+    for run in study.setup:  # trained once (resumed, or read when finished)
+        cfg = load_config(
+            run.recipe,
+            [
+                *study.common_overrides(),
+                *run.overrides,
+                f"train.runs_dir={out_dir}",
+                f"train.name={run.name}",
+            ],
+        )
+        _run_one(cfg, out_dir / run.name)
     summaries = compare(
-        study.arms,
+        study.arms_in(out_dir),
         study.seeds,
         overrides=study.common_overrides(),
         out_dir=out_dir,
