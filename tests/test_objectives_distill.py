@@ -321,18 +321,29 @@ def test_the_oprd_recipe_keeps_a_sharp_teachers_shift_below_the_success_reward()
     unclipped (the recipe before), one such token made a success's step reward −19.2,
     far below the success reward of 1 (on the ``shop/multi`` warm start it ranked a
     success below a failure in 16 of 17 mixed groups). The recipe clips Δ to [−1, 1]
-    and takes the mean over the step's tokens: every step's reward is in [−α, α]."""
+    and takes the mean over the step's tokens: every step's reward is in [−α, α]; with
+    ``accept: agree`` a success is never pushed down at all."""
     from credo.train.config import load_config
 
     o = load_config("oprd").teacher.oprd
     rl = torch.tensor([[-0.5, -20.5, -0.2]])  # Δ = +0.5, −20, +0.3 against the base
     base = torch.tensor([[-1.0, -0.5, -0.5]])
     mask, acc = torch.ones(1, 3, dtype=torch.bool), torch.tensor([True])
+    assert (o.alpha, o.clip, o.reduce, o.accept) == (2.0, 1.0, "mean", "agree")
     before = oprd_row_reward(rl, base, mask, acc, alpha=o.alpha, reduce="sum")
-    torch.testing.assert_close(before, torch.tensor([-19.2]))
+    torch.testing.assert_close(before, torch.tensor([2.0 * -19.2]))
     now = oprd_row_reward(rl, base, mask, acc, alpha=o.alpha, clip=o.clip, reduce=o.reduce)
-    torch.testing.assert_close(now, torch.tensor([(0.5 - 1.0 + 0.3) / 3]))
-    assert (o.clip, o.reduce) == (1.0, "mean")
+    torch.testing.assert_close(now, torch.tensor([2.0 * (0.5 - 1.0 + 0.3) / 3]))
+    # accept: agree: this success's clipped shift points down (−0.2), so no teacher
+    # agrees with the verifier and the step gets nothing, whatever α
+    d = oprd_delta(rl, base, mask, clip=o.clip)
+    ok = verifier_agreement(d, mask, torch.tensor([True]))
+    assert ok.tolist() == [[False]]
+    agreed = oprd_row_reward(
+        rl, base, mask, acc, alpha=o.alpha, clip=o.clip, reduce=o.reduce,
+        combine="verifier", teacher_ok=ok,
+    )  # fmt: skip
+    torch.testing.assert_close(agreed, torch.tensor([0.0]))
 
 
 def test_verifier_mask_modes() -> None:
