@@ -162,11 +162,8 @@ def evaluate(
         lo, hi = wilson_interval(wins, len(eps))
     else:
         lo, hi = task_interval([c / trials for c in wins_per_task])
-    all_tasks = [Task.make(split, first_task + i) for i in range(episodes)]
-    labels = _task_labels(make_env, all_tasks, "task_difficulty", "difficulty")
-    by_env = _breakdown(
-        _task_labels(make_env, all_tasks, "task_env", "env"), wins_per_task, trials, ks
-    )
+    labels = _task_labels(make_env, [Task.make(split, first_task + i) for i in range(episodes)])
+    by_env = _breakdown(labels["env"], wins_per_task, trials, ks)
     texts = _offers_free_text(make_env)
     return EvalResult(
         episodes=len(eps),
@@ -182,7 +179,7 @@ def evaluate(
         trials=trials,
         pass_at_k={str(k): pass_at_k(wins_per_task, trials, k) for k in ks},
         pass_hat_k={str(k): pass_hat_k(wins_per_task, trials, k) for k in ks},
-        by_difficulty=_breakdown(labels, wins_per_task, trials, ks),
+        by_difficulty=_breakdown(labels["difficulty"], wins_per_task, trials, ks),
         text_truth=sum(map(_text_truth, eps)) / len(eps) if texts and eps else None,
         by_env=by_env,
         weakest_env=min(by_env, key=lambda k: by_env[k]["success_rate"]) if by_env else None,
@@ -205,28 +202,41 @@ def _text_truth(episode: Any) -> float:
     return float(truths[-1]) if truths else 0.0
 
 
-def _task_labels(
-    make_env: Callable[[], Any], tasks: list[Task], method: str, data_key: str
-) -> list[str] | None:
-    """Each task's label (``task.data[data_key]``, else the env's ``method()`` after a
-    reset on it: ``task_difficulty``, ``task_env``), or ``None`` when tasks have none."""
+#: The labels a held-out result is broken down by: ``task.data`` key → the env's method.
+LABEL_METHODS = {"difficulty": "task_difficulty", "env": "task_env"}
+
+
+def _task_labels(make_env: Callable[[], Any], tasks: list[Task]) -> dict[str, list[str] | None]:
+    """Each task's labels by key of :data:`LABEL_METHODS`: ``task.data[key]``, else the
+    env's method after one reset on the task (shared by every key); ``None`` for a key
+    the env has no method for."""
+    out: dict[str, list[str] | None] = {k: [] for k in LABEL_METHODS}
     env = None
-    labels = []
     for t in tasks:
-        if data_key in t.data:
-            labels.append(str(t.data[data_key]))
+        asked = {}
+        for key, labels in out.items():
+            if labels is None:
+                continue
+            if key in t.data:
+                labels.append(str(t.data[key]))
+                continue
+            env = make_env() if env is None else env
+            fn = getattr(env, LABEL_METHODS[key], None)
+            if fn is None:
+                out[key] = None
+            else:
+                asked[key] = fn
+        if not asked:
             continue
-        env = make_env() if env is None else env
-        fn = getattr(env, method, None)
-        if fn is None:
-            return None
         try:
-            env.reset(t, 0)
-            labels.append(str(fn()))
+            env.reset(t, 0)  # type: ignore[union-attr]
+            got = {key: str(fn()) for key, fn in asked.items()}
         except Exception:  # an env that fails here fails its episode in the evaluation
             env = None
-            labels.append("unknown")
-    return labels
+            got = dict.fromkeys(asked, "unknown")
+        for key, label in got.items():
+            out[key].append(label)  # type: ignore[union-attr]
+    return out
 
 
 def _breakdown(
