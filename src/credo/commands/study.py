@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from credo.commands.compare import Arm, RecipeSummary, compare
+from credo.commands.compare import Arm, RecipeSummary, _run_one, compare
 from credo.train.config import ConfigError
 from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table
@@ -258,7 +258,6 @@ def run_study(
 ) -> list[RecipeSummary]:
     """Train the study's arms × seeds (resumable) into ``out_root/<name>``; with
     ``docs``, write its page and refresh the index there. Returns the summaries."""
-    from credo.commands.compare import _run_one
     from credo.train.config import load_config
 
     out_dir = Path(out_root) / study.name

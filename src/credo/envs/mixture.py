@@ -40,7 +40,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from credo.envs.base import StepResult, Task, make_env, register_env
+from credo.envs.base import StepResult, Task, make_env, register_env, restore_env, snapshot_env
 
 __all__ = ["MixtureEnv", "mixture_entries"]
 
@@ -174,13 +174,9 @@ class MixtureEnv:
         return f"{self.task_env()}|{self.current.state_key()}"
 
     def snapshot(self) -> tuple[int, Any]:
-        from credo.envs.base import snapshot_env
-
         return (self._i, snapshot_env(self.current))
 
     def restore(self, snap: tuple[int, Any]) -> None:
-        from credo.envs.base import restore_env
-
         self._i, inner = snap
         restore_env(self.current, inner)
 
@@ -241,5 +237,4 @@ class MixtureEnv:
         return bool(self._call("is_tool_call", action))
 
     def _extract_action(self, text: str) -> str | None:
-        fn = getattr(self.current, "extract_action", None)
-        return fn(text) if callable(fn) else None
+        return self._call("extract_action", text)
