@@ -41,7 +41,10 @@ from credo.train.warmstart import start_policy
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", default="renyi_opsd")
-    ap.add_argument("--difficulty", default="multi", help="shop difficulty (default multi)")
+    ap.add_argument("--env", default="shop", help="env name (default shop)")
+    ap.add_argument(
+        "--difficulty", default="multi", help="shop difficulty (default multi; shop only)"
+    )
     ap.add_argument("--seed", type=int, default=0, help="training seed (its warm start)")
     ap.add_argument(
         "--policy",
@@ -52,8 +55,9 @@ def main() -> None:
     args = ap.parse_intermixed_args()
     cfg = load_config(
         args.recipe,
-        [f"env.kwargs.difficulty={args.difficulty}", "train.threads=1",
-         f"train.seed={args.seed}", *args.overrides],
+        [f"env.name={args.env}",
+         *([f"env.kwargs.difficulty={args.difficulty}"] if args.env == "shop" else []),
+         "train.threads=1", f"train.seed={args.seed}", *args.overrides],
     )  # fmt: skip
     if cfg.teacher.privileged is None:
         raise SystemExit(f"recipe {args.recipe}: its teacher reads no privileged text")
@@ -98,9 +102,10 @@ def main() -> None:
         for name, m in groups
         if bool(m.any())
     ]
+    where = f"shop/{args.difficulty}" if args.env == "shop" else args.env
     print_table(
         f"log p(action): student vs its teacher reading {cfg.teacher.privileged!r} "
-        f"({args.recipe}, shop/{args.difficulty}, seed {args.seed}, {args.policy or 'warm start'})",
+        f"({args.recipe}, {where}, seed {args.seed}, {args.policy or 'warm start'})",
         ["actions", "rows", "student", "teacher (privileged)"],
         table,
         width=140,

@@ -87,6 +87,7 @@ def warm_start_key(cfg: Config) -> str:
     # sft.seed: resolved below (null and the seed it means share a key)
     skip = {"cache", "seed"}
     skip |= {"privileged", "privileged_share"} if cfg.sft.privileged is None else set()
+    skip |= {"privileged_steps"} if not cfg.sft.privileged_steps else set()
     key: dict[str, Any] = {
         "env": asdict(cfg.env),
         "model": model,
@@ -204,7 +205,8 @@ def warm_start(
         **teach,
     )
     torch.manual_seed(cfg.warm_start_seed)
-    total = sft.steps + sft.noisy_steps
+    reading = sft.privileged_steps if clean.privileged else 0
+    total = reading + sft.steps + sft.noisy_steps
 
     def report(phase: str, offset: int) -> Callable[[int, float], None]:
         return lambda step, loss: (
@@ -212,13 +214,15 @@ def warm_start(
         )
 
     for rows, steps, lr, seed, name, offset, warmup in (
+        # the privileged rows alone first (sft.privileged_steps): reading the text
+        (clean.privileged, reading, sft.lr, cfg.warm_start_seed + 2, "text demos", 0, None),
         (
             _with_privileged(clean, sft),
             sft.steps,
             sft.lr,
             cfg.warm_start_seed,
             "clean demos",
-            0,
+            reading,
             None,
         ),
         (
@@ -227,7 +231,7 @@ def warm_start(
             sft.noisy_lr,
             cfg.warm_start_seed + 1,
             "noisy demos",
-            sft.steps,
+            reading + sft.steps,
             0,
         ),
     ):

@@ -425,6 +425,13 @@ class SFTConfig:
             otherwise never saw such text (docs/algorithms.md#rényi-opsd).
         privileged_share: the share of those rows added to each phase's rows (default
             0.5; in (0, 1]).
+        privileged_steps: optimizer steps on those rows alone, before the clean phase
+            (default 0; needs ``privileged``). Mixed in with the plain rows from the
+            start, the 64-wide model on TextLights never learned to copy the oracle's
+            action from the text (log p of that action −1.08 with it, −1.05 without, even
+            after 1000 steps at share 1); 200 steps on the text rows first teach the
+            copy (−0.27 with, −3.9 without), and the clean phase then keeps it
+            (docs/algorithms.md#rényi-opsd).
         cache: reuse a warm start with the same config hash from the cache folder
             (``$CREDO_CACHE`` or ``~/.cache/credo``; default true).
         seed: the warm start's seed: the built-in model's initial weights, the
@@ -443,6 +450,7 @@ class SFTConfig:
     noisy_lr: float = 1e-3
     privileged: str | None = None
     privileged_share: float = 0.5
+    privileged_steps: int = 0
     cache: bool = True
     seed: int | None = None
 

@@ -405,6 +405,15 @@ def _sft(cfg: Config) -> None:
         )
     if not 0 < s.privileged_share <= 1:
         raise ConfigError(f"sft.privileged_share must be in (0, 1], got {s.privileged_share}")
+    if not isinstance(s.privileged_steps, int) or s.privileged_steps < 0:
+        raise ConfigError(
+            f"sft.privileged_steps must be an integer >= 0, got {s.privileged_steps!r}"
+        )
+    if s.privileged_steps and s.privileged is None:
+        raise ConfigError(
+            "sft.privileged_steps needs sft.privileged (the kind of text to read, e.g. "
+            "oracle); set both, or sft.privileged_steps=0"
+        )
 
 
 def _eval_and_train(cfg: Config) -> None:
