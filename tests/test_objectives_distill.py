@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from credo.objectives import (
     LossInputs,
     aggregation_weights,
+    candidate_contexts,
     distill_row_reward,
     distill_token_reward,
     get_loss,
     mixed_target,
+    mixture_logprobs,
     oprd_row_reward,
     oprd_token_reward,
     renyi_divergence,
@@ -385,6 +387,54 @@ def test_select_contexts_self_anchor_first() -> None:
         assert c.index[0].item() == 2
     with pytest.raises(ValueError, match="unknown pick 'best'"):
         select_contexts(group, success, pick="best")
+
+
+def test_candidate_contexts_every_verified_sibling_else_every_external() -> None:
+    group = torch.tensor([0, 0, 0, 1, 1, 2, 3])
+    success = torch.tensor([True, False, True, False, False, False, True])
+    external = torch.tensor([1, 1, 0, 3])
+    own, ext = candidate_contexts(group, success, external)
+    # group 0: each of its samples reads every verified sibling (0 and 2), never itself
+    assert own.nonzero().tolist() == [[0, 2], [1, 0], [1, 2], [2, 0]]
+    # group 1 (no success) reads both of its external contexts; 0 and 3 have verified
+    # samples, so their external contexts (2, 3) are never candidates; group 2: none
+    assert ext.nonzero().tolist() == [[3, 0], [3, 1], [4, 0], [4, 1]]
+    own, ext = candidate_contexts(group, success, None, allow_self=True)
+    assert own[6, 6] and own[0].tolist() == [True, False, True, False, False, False, False]
+    assert ext.shape == (7, 0)
+
+
+def test_mixture_logprobs_by_hand() -> None:
+    # row 0 reads two contexts with p(token) 0.2 and 0.6: the mixture gives 0.4;
+    # row 1 reads one (0.3): exactly its log-prob; heads [C, B, 1, K] mix per id
+    lp = torch.tensor([[[0.2], [0.3]], [[0.6], [0.9]]]).log()  # [C=2, B=2, L=1]
+    present = torch.tensor([[True, True], [True, False]])
+    out = mixture_logprobs(lp, present)
+    assert torch.allclose(out.exp(), torch.tensor([[0.4], [0.3]]))
+    assert out[1, 0] == lp[0, 1, 0]
+    head = torch.tensor([[[[0.5, 0.5]]], [[[0.9, 0.1]]]]).log()  # [C=2, B=1, L=1, K=2]
+    mixed = mixture_logprobs(head, torch.tensor([[True], [True]]))
+    assert torch.allclose(mixed.exp(), torch.tensor([[[0.7, 0.3]]]))
+    with pytest.raises(ValueError, match="every row needs at least one context"):
+        mixture_logprobs(lp, torch.tensor([[True, False], [True, False]]))
+    with pytest.raises(ValueError, match="present must be"):
+        mixture_logprobs(lp, torch.ones(2, 3, dtype=torch.bool))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 10_000))
+def test_mixture_of_distributions_is_a_distribution(c: int, k: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(torch.randn(c, 3, 2, k, generator=g), -1)
+    present = torch.rand(c, 3, generator=g) < 0.6
+    present[0] = True
+    mixed = mixture_logprobs(lp, present)
+    assert torch.allclose(mixed.exp().sum(-1), torch.ones(3, 2), atol=1e-6)
+    # between the smallest and the largest of the contexts it mixes
+    keep = present[..., None, None]
+    lo = torch.where(keep, lp, torch.inf).amin(0)
+    hi = torch.where(keep, lp, -torch.inf).amax(0)
+    assert bool((mixed >= lo - 1e-6).all() and (mixed <= hi + 1e-6).all())
 
 
 # -------------------------------------------------------------------------- Rényi OPSD

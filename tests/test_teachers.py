@@ -378,22 +378,34 @@ def test_opd_pieces_move_the_student_toward_the_teacher(topk: int, full: bool) -
         assert after <= before, (before, after)
 
 
-def test_anchor_texts_from_a_context_choice() -> None:
-    from credo.objectives import select_contexts
-    from credo.teachers import anchor_texts
+def test_anchor_sets_from_the_candidates() -> None:
+    from credo.objectives import candidate_contexts
+    from credo.teachers import anchor_sets
 
-    group = torch.tensor([0, 0, 1, 2])
-    success = torch.tensor([True, False, False, False])
-    choice = select_contexts(group, success, external_group=torch.tensor([1]))
-    actions = [["search[red shirt]", "click[1]", "buy"], ["back"], ["search[hat]"], ["buy"]]
-    texts = anchor_texts(
-        choice.source, choice.index, actions, ["search[blue hat]"], sanitiser="shop"
-    )
-    # sample 1 anchors on sample 0 (sanitised: only its search), sample 2 takes the
-    # external context, samples 0 (the only success) and 3 get none
-    assert texts == [None, "search[red shirt]", "search[blue hat]", None]
-    with pytest.raises(ValueError, match="external context 0 does not exist"):
-        anchor_texts(choice.source, choice.index, actions, [])
+    group = torch.tensor([0, 0, 0, 1, 2])
+    success = torch.tensor([True, False, True, False, False])
+    own, ext = candidate_contexts(group, success, torch.tensor([3, 3, 3]).sub(2))
+    actions = [
+        ["search[red shirt]", "click[1]", "buy"], ["back"], ["search[red top]", "buy"],
+        ["search[hat]"], ["buy"],
+    ]  # fmt: skip
+    external = ["search[blue hat]", "search[cap]", ""]
+    one = anchor_sets(own, ext, actions, external, sanitiser="shop")
+    # sample 1 reads the first verified sibling (sanitised: its search only); 0 and 2
+    # read each other; sample 3 the first external context of its group; 4 none
+    assert one == [["search[red top]"], ["search[red shirt]"], ["search[red shirt]"],
+                   ["search[blue hat]"], []]  # fmt: skip
+    every = anchor_sets(own, ext, actions, external, limit=4, sanitiser="shop")
+    # every candidate, in order; the empty external context gives nothing
+    assert every[1] == ["search[red shirt]", "search[red top]"]
+    assert every[3] == ["search[blue hat]", "search[cap]"] and every[4] == []
+    assert anchor_sets(own, ext, actions, external, limit=1)[1] == [
+        "search[red shirt] ; click[1] ; buy"
+    ]
+    with pytest.raises(ValueError, match="3 external candidates for 2 external contexts"):
+        anchor_sets(own, ext, actions, external[:2])
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        anchor_sets(own, ext, actions, external, limit=0)
 
 
 def test_renyi_pieces_with_a_self_teacher_and_a_frozen_reference() -> None:

@@ -55,6 +55,9 @@ NEEDS_TEACHER_FOLDER = {r for r in recipe_names() if load_config(r).teacher.kind
 #: ``PickEnv`` (name the profile's colour).
 RECIPE_NEEDS = {
     "rods": ["tasks.params.spawn=0"],
+    # the recipe's sanitiser keeps shop's searches, of which GuessEnv has none (no anchor
+    # would ever be read); GuessEnv's answer is its final guess
+    "mt_sdpo": ["teacher.sanitiser=drop_final"],
     "rapo": [
         "env.name=examples.desk_envs:PickEnv",
         "env.kwargs={}",
@@ -91,6 +94,10 @@ CASES = [
     ),
     # the warm start before the recipe also taught the model to read privileged text
     ("renyi_opsd-plain-warmstart", "renyi_opsd", ["sft.privileged=null"]),
+    # the first verified anchor alone, before the recipe mixed every one of them
+    ("mt_sdpo-first-anchor", "mt_sdpo", ["teacher.sanitiser=drop_final", "teacher.aggregate=one"]),
+    # the warm start reads its privileged text first (sft.privileged_steps)
+    ("renyi_opsd-reading-first", "renyi_opsd", ["sft.privileged_steps=20"]),
     ("klpo-topk", "klpo", ["objective.params={beta: 0.1, kl: topk}", "rollout.topk_logprobs=4"]),
 ]
 

@@ -123,6 +123,17 @@ def test_teacher_section_checks() -> None:
     assert "set teacher.route=oprd" in err(
         "opd", "teacher.path=/x", "teacher.oprd.teachers=[{path: /y}]"
     )
+    assert "teacher.aggregate must be one of one, all" in err("mt_sdpo", "teacher.aggregate=some")
+    assert "needs teacher.privileged=anchor and teacher.full=true" in err(
+        "mt_sdpo", "teacher.aggregate=all", "teacher.full=false", "teacher.topk=8"
+    )
+    assert "teacher.pool gives MT-SDPO anchors" in err("renyi_opsd", "teacher.pool=[/x]")
+    assert "teacher.pool[0]" in err("mt_sdpo", "teacher.pool=[/nowhere/at/all]")
+    assert "teacher.pool: expected a list" in err("mt_sdpo", "teacher.pool=/x")
+    assert "teacher.pool must be a list of run" in err("mt_sdpo", "teacher.pool=['']")
+    assert "teacher.max_contexts must be" in err("mt_sdpo", "teacher.max_contexts=0")
+    assert "sft.privileged_steps needs sft.privileged" in err("grpo", "sft.privileged_steps=10")
+    assert "sft.privileged_steps must be an integer" in err("renyi_opsd", "sft.privileged_steps=-1")
     # the estimators that read only the sampled token need no head
     cfg = load_config(
         "renyi_opsd",
@@ -284,15 +295,20 @@ def test_recipe_moves_the_student_toward_its_teacher(
 
 
 def _stable(records: list[dict]) -> list[dict]:
-    skip = ("time/", "perf/", "teacher/seconds")
+    skip = ("time/", "perf/", "teacher/seconds", "teacher/pool_seconds")
     return [{k: v for k, v in r.items() if not k.startswith(skip)} for r in records]
 
 
 @pytest.mark.slow
-def test_resume_with_an_ema_teacher_is_exact(tmp_path: Path) -> None:
-    """MT-SDPO keeps an EMA teacher and a context cache: a run stopped after 2
-    iterations and resumed matches the run that never stopped."""
-    extra = ["teacher.sanitiser=drop_final"]
+def test_resume_with_an_ema_teacher_is_exact(tmp_path: Path, teacher_run: Path) -> None:
+    """MT-SDPO keeps an EMA teacher, a context cache and its pool's eligible sets: a run
+    stopped after 2 iterations and resumed matches the run that never stopped (the pool:
+    one member, a GRPO run; every anchor of an episode read and mixed)."""
+    extra = [
+        "teacher.sanitiser=drop_final",
+        f"teacher.pool=[{teacher_run}]",
+        "teacher.aggregate=all",
+    ]
 
     def cfg(name: str, iterations: int):  # type: ignore[no-untyped-def]
         return load_config(
@@ -307,9 +323,12 @@ def test_resume_with_an_ema_teacher_is_exact(tmp_path: Path) -> None:
     assert (ckpt / "teacher_ema" / "model.safetensors").exists()
     saved = json.loads((ckpt / "state.json").read_text())["teacher_state"]
     assert saved["ema_updates"] == 2 and saved["context_cache"]["tasks"]
+    assert saved["pool"]["members"] == ["teacher"] and saved["pool"]["results"]
     resumed = train(cfg("part", 3), resume=part.run_dir, quiet=True)
     assert _stable(resumed.metrics) == _stable(full.metrics)
     assert any(r["teacher/cached_contexts"] > 0 for r in full.metrics)
+    assert full.metrics[-1]["teacher/pool_tasks"] > 0
+    assert any(r["teacher/contexts"] > 1 for r in full.metrics)  # several anchors mixed
     assert resumed.final is not None and full.final is not None
     assert resumed.final.success_rate == full.final.success_rate
 
@@ -444,6 +463,97 @@ def test_reward_and_advantage_routes_by_hand() -> None:
             assert 0 < int(first.sum()) < 4  # the hand forest exercises both choices
             want = 2.0 * torch.where(first, delta, delta2) * accepted
         torch.testing.assert_close(lesson.row_reward, want)
+
+
+_THREE = (
+    (["guess[4]", "guess[2]"], True),
+    (["guess[6]", "guess[3]"], True),
+    (["guess[5]", "guess[7]"], False),
+)
+
+
+def test_mt_sdpo_reads_every_verified_sibling_and_mixes_the_teacher() -> None:
+    """``teacher.aggregate: all``: the failing episode reads both successes, and its
+    target is the mean of the teacher's two distributions; each success reads the other
+    success alone (exactly that context's scores)."""
+    from credo.objectives import mixture_logprobs
+    from credo.teachers import PolicyTeacher
+    from credo.teachers.teaching import Teaching, teacher_prompts
+    from credo.train.config import TeacherConfig
+
+    student = _guess_policy(0)
+    teacher = PolicyTeacher(_guess_policy(1))
+    forest, renderer = _hand_forest(student, _THREE)
+    cfg = TeacherConfig(kind="self", privileged="anchor", full=True, aggregate="all")
+    lesson = Teaching(cfg, teacher).lesson(renderer, forest, [], student.pad_id)
+    tb = forest.to_batch(torch.zeros(6), pad_id=student.pad_id)
+
+    def scored(text_per_row: list[str | None]) -> torch.Tensor:
+        prompts = teacher_prompts(renderer, forest, text_per_row, cfg)
+        return teacher.score(TeacherRows.from_batch(tb, prompts), full=True).topk_logprobs
+
+    a, b = "guess[4] ; guess[2]", "guess[6] ; guess[3]"
+    with_a, with_b = scored([b, b, a, a, a, a]), scored([b, b, a, a, b, b])
+    # rows 0-1 read b, rows 2-3 read a (each other); rows 4-5 read a and b, mixed
+    want = with_a.clone()
+    want[:2] = with_b[:2]
+    present = torch.ones(2, 2, dtype=torch.bool)
+    want[4:] = mixture_logprobs(torch.stack([with_a[4:], with_b[4:]]), present)
+    got = lesson.scores.topk_logprobs
+    m = tb.response_mask[..., None]
+    torch.testing.assert_close(torch.where(m, got, 0.0), torch.where(m, want, 0.0))
+    assert not torch.allclose(want[4:], with_a[4:])  # the two contexts differ
+    assert lesson.metrics["teacher/contexts"] == pytest.approx((2 + 2 + 4) / 6)
+    one = Teaching(TeacherConfig(kind="self", privileged="anchor", full=True), teacher)
+    first = one.lesson(renderer, forest, [], student.pad_id).scores.topk_logprobs
+    torch.testing.assert_close(torch.where(m, first, 0.0), torch.where(m, with_a, 0.0))  # b, a, a
+
+
+def test_mt_sdpo_pool_eligible_sets_feed_a_failing_group() -> None:
+    """A group with no success reads the eligible pool members' verified episodes of its
+    task (sanitised), each member playing each task once; a member that failed the task
+    is not eligible; the pool's state round-trips."""
+    from credo.teachers import PolicyTeacher
+    from credo.teachers.pool import TeacherPool
+    from credo.teachers.teaching import Teaching, teacher_prompts
+    from credo.train.config import TeacherConfig
+
+    student = _guess_policy(0)
+    teacher = PolicyTeacher(_guess_policy(1))
+    failing = ((["guess[5]", "guess[7]"], False), (["guess[1]", "guess[2]"], False))
+    forest, renderer = _hand_forest(student, failing)
+    played: list[list[str]] = []
+
+    def play(policy, tasks):  # type: ignore[no-untyped-def]
+        played.append([t.id for t in tasks])
+        solved = policy is members[0][1]  # member "strong" solves, "weak" does not
+        return [(solved, ["guess[4]", "guess[6]", "guess[3]"]) for _ in tasks]
+
+    members = [("strong", _guess_policy(2)), ("weak", _guess_policy(3))]
+    pool = TeacherPool(members, play, sanitiser="drop_final")
+    cfg = TeacherConfig(kind="self", privileged="anchor", full=True, pool=["strong", "weak"])
+    teaching = Teaching(cfg, teacher, pool=pool)
+    task = Task.make("train", 7)
+    lesson = teaching.lesson(renderer, forest, [], student.pad_id, [task])
+    assert played == [["train/7"], ["train/7"]]  # each member once
+    assert pool.eligible("train/7") == ["strong"]
+    assert pool.results["train/7"] == {"strong": "guess[4] ; guess[6]", "weak": None}
+    assert lesson.row_mask.all()
+    tb = forest.to_batch(torch.zeros(4), pad_id=student.pad_id)
+    prompts = teacher_prompts(renderer, forest, ["guess[4] ; guess[6]"] * 4, cfg)
+    want = teacher.score(TeacherRows.from_batch(tb, prompts), full=True).logprobs
+    m = tb.response_mask
+    got = torch.where(m, lesson.scores.logprobs, 0.0)
+    torch.testing.assert_close(got, torch.where(m, want, 0.0))
+    assert lesson.metrics["teacher/pool_eligible"] == 1.0
+    assert lesson.metrics["teacher/pool_solved/weak"] == 0.0
+    teaching.lesson(renderer, forest, [], student.pad_id, [task])
+    assert len(played) == 2  # known task: not played again
+    again = TeacherPool(members, play)
+    again.load(pool.state_dict())
+    assert again.results == pool.results
+    with pytest.raises(ValueError, match="is not this run's"):
+        TeacherPool(members[:1], play).load(pool.state_dict())
 
 
 def test_oprd_episode_mean_makes_the_teacher_reward_independent_of_length() -> None:

@@ -29,7 +29,12 @@ from credo.objectives.kl import (
     kl_reward_penalty,
     kl_topk,
 )
-from credo.objectives.mt_sdpo import ContextChoice, select_contexts
+from credo.objectives.mt_sdpo import (
+    ContextChoice,
+    candidate_contexts,
+    mixture_logprobs,
+    select_contexts,
+)
 from credo.objectives.opd import (
     DISTILL_ESTIMATORS,
     distill_row_reward,
@@ -81,6 +86,7 @@ __all__ = [
     "action_logprobs",
     "aggregate",
     "aggregation_weights",
+    "candidate_contexts",
     "combine_teachers",
     "distill_row_reward",
     "distill_token_reward",
@@ -103,6 +109,7 @@ __all__ = [
     "loss_requirements",
     "loss_teacher_requirements",
     "mixed_target",
+    "mixture_logprobs",
     "needs_teacher",
     "oprd_delta",
     "oprd_row_reward",

@@ -10,8 +10,15 @@ accepts, with the answer itself stripped by a sanitiser
 (:mod:`credo.teachers.sanitise`). ``c*`` is chosen per sample by
 :func:`select_contexts`: **self-anchor first** — another verified rollout of the same
 group (same task, this iteration); **external teachers only when the group has none**
-(their verified contexts, e.g. from :class:`credo.teachers.ContextCache`). Samples with
-neither get the GRPO term only.
+(their verified contexts: a pool of domain teachers' verified trajectories of the same
+task, :class:`credo.teachers.pool.TeacherPool`, and the student's own earlier ones,
+:class:`credo.teachers.ContextCache`). Samples with neither get the GRPO term only.
+
+**Aggregation** (``teacher.aggregate: all``): every candidate context of a sample
+(:func:`candidate_contexts`: all its verified siblings, else every eligible external
+context) is read in turn, and the target is the mean of the teacher's distributions,
+``π_EMA(·|x, C, y<t) = (1/|C|) Σ_{c∈C} π_EMA(·|x, c, y<t)`` (:func:`mixture_logprobs`;
+[recon]: the summary says all correct feedback is aggregated, not how).
 
 The KL is over the full distribution (tiny vocabularies: ``K = V``) or the EMA teacher's
 top-K head plus a tail bucket, computed by :func:`credo.objectives.opd.reverse_kl_topk`.
@@ -30,7 +37,14 @@ from credo.objectives.inputs import LossInputs
 from credo.objectives.opd import opd
 from credo.objectives.registry import needs_teacher, register_loss
 
-__all__ = ["ANCHOR_SOURCES", "ContextChoice", "mt_sdpo", "select_contexts"]
+__all__ = [
+    "ANCHOR_SOURCES",
+    "ContextChoice",
+    "candidate_contexts",
+    "mixture_logprobs",
+    "mt_sdpo",
+    "select_contexts",
+]
 
 #: Codes of :attr:`ContextChoice.source`.
 ANCHOR_SOURCES = ("none", "self", "external")
@@ -126,34 +140,95 @@ def select_contexts(
         :class:`ContextChoice`. External contexts are used only for samples whose group
         has no verified sample at all.
     """
+    if pick not in ("first", "random"):
+        raise ValueError(f"select_contexts: unknown pick {pick!r}; valid: first, random")
+    own, ext = candidate_contexts(group, success, external_group, allow_self=allow_self)
+    n = own.shape[0]
+    source = torch.zeros(n, dtype=torch.long)
+    index = torch.full((n,), -1, dtype=torch.long)
+    has_self = own.any(1)
+    if bool(has_self.any()):
+        index = torch.where(has_self, _pick(own, pick, generator), index)
+        source = torch.where(has_self, torch.ones_like(source), source)
+    use_ext = ext.any(1)
+    if bool(use_ext.any()):
+        index = torch.where(use_ext, _pick(ext, pick, generator), index)
+        source = torch.where(use_ext, torch.full_like(source, 2), source)
+    return ContextChoice(source, index)
+
+
+def candidate_contexts(
+    group: torch.Tensor,
+    success: torch.Tensor,
+    external_group: torch.Tensor | None = None,
+    *,
+    allow_self: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every verified context each sample may read: self-anchors first, then external.
+
+    A sample's candidates are its group's *other* verified samples (itself too with
+    ``allow_self``); only a sample whose group has no verified sample at all may read
+    external contexts, and then every external context of its group is a candidate.
+
+    Args:
+        group: ``[N]`` int64 group (task) id of each sample.
+        success: ``[N]`` bool, the verifier accepts the sample.
+        external_group: ``[M]`` int64 group id of each external context, or ``None``.
+        allow_self: a verified sample is a candidate for itself (default false).
+
+    Returns:
+        ``(own [N, N], external [N, M])`` bool: ``own[i, j]`` sample j anchors sample i,
+        ``external[i, m]`` external context m does. A row has candidates in at most one
+        of the two.
+    """
     if group.dim() != 1 or success.shape != group.shape:
         raise ValueError(
             f"select_contexts: group and success must both be [N], got {list(group.shape)} "
             f"and {list(success.shape)}"
         )
-    if pick not in ("first", "random"):
-        raise ValueError(f"select_contexts: unknown pick {pick!r}; valid: first, random")
     n = group.shape[0]
     grp = group.long()
     ok = success.bool()
     same = grp[:, None] == grp[None, :]  # [N, N]
-    cand = same & ok[None, :]
+    own = same & ok[None, :]
+    group_has_verified = own.any(1)
     if not allow_self:
-        cand = cand & ~torch.eye(n, dtype=torch.bool)
-    source = torch.zeros(n, dtype=torch.long)
-    index = torch.full((n,), -1, dtype=torch.long)
-    has_self = cand.any(1)
-    if bool(has_self.any()):
-        index = torch.where(has_self, _pick(cand, pick, generator), index)
-        source = torch.where(has_self, torch.ones_like(source), source)
-    group_has_verified = (same & ok[None, :]).any(1)
-    if external_group is not None and external_group.numel():
-        ext = external_group.long()[None, :] == grp[:, None]  # [N, M]
-        use_ext = ~group_has_verified & ext.any(1)
-        if bool(use_ext.any()):
-            index = torch.where(use_ext, _pick(ext, pick, generator), index)
-            source = torch.where(use_ext, torch.full_like(source, 2), source)
-    return ContextChoice(source, index)
+        own = own & ~torch.eye(n, dtype=torch.bool)
+    if external_group is None or not external_group.numel():
+        return own, torch.zeros(n, 0, dtype=torch.bool)
+    ext = (external_group.long()[None, :] == grp[:, None]) & ~group_has_verified[:, None]
+    return own, ext
+
+
+def mixture_logprobs(logprobs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """``log((1/C_b) Σ_{c present} p_c)``: the mean of the teacher's distributions over a
+    sample's contexts (MT-SDPO's aggregation of every verified context's feedback).
+
+    Args:
+        logprobs: ``[C, B, ...]`` the teacher's log-probs under context slot c of row b
+            (log-probs of the sampled tokens ``[C, B, L]`` or of a shared head
+            ``[C, B, L, K]``: every slot must score the same ids).
+        present: ``[C, B]`` bool, row b has a context in slot c (every row at least one).
+
+    Returns:
+        ``[B, ...]`` the log-probs of the mixture (a row with one context: that context's
+        log-probs exactly).
+    """
+    if present.dim() != 2 or tuple(present.shape) != tuple(logprobs.shape[:2]):
+        raise ValueError(
+            f"mixture_logprobs: present must be [C, B] = {list(logprobs.shape[:2])}, got "
+            f"{list(present.shape)}"
+        )
+    count = present.sum(0)
+    if bool((count == 0).any()):
+        raise ValueError("mixture_logprobs: every row needs at least one context")
+    shape = (*present.shape, *([1] * (logprobs.dim() - 2)))
+    keep = present.reshape(shape)
+    x = torch.where(keep, logprobs, torch.full_like(logprobs, float("-inf")))
+    out = torch.logsumexp(x, dim=0) - count.to(logprobs.dtype).log().reshape(shape[1:])
+    single = (count == 1).reshape(shape[1:])
+    first = torch.where(keep, logprobs, torch.zeros_like(logprobs)).sum(0)
+    return torch.where(single, first, out)
 
 
 def _pick(cand: torch.Tensor, pick: str, generator: torch.Generator | None) -> torch.Tensor:

@@ -13,7 +13,7 @@ Depends on :mod:`credo.data`, :mod:`credo.objectives`, :mod:`credo.policy`,
 :mod:`credo.rollout` (prompt rendering) and :mod:`credo.utils`, never on the trainer.
 """
 
-from credo.teachers.anchors import anchor_texts
+from credo.teachers.anchors import anchor_sets
 from credo.teachers.base import Teacher, TeacherCost, TeacherRows, TeacherScores
 from credo.teachers.context_cache import ContextCache
 from credo.teachers.ema import EMATeacher
@@ -83,7 +83,7 @@ __all__ = [
     "TeacherRoute",
     "TeacherRows",
     "TeacherScores",
-    "anchor_texts",
+    "anchor_sets",
     "attach_teacher_scores",
     "check_teacher_folder",
     "check_tokenizers",

@@ -1,12 +1,14 @@
-"""MT-SDPO's teacher contexts as text: the chosen verified trajectory, sanitised.
+"""MT-SDPO's teacher contexts as text: the verified trajectories each sample reads.
 
-:func:`credo.objectives.select_contexts` picks, per sample (episode), a self-anchor (a
-verified rollout of its group) or an external context; :func:`anchor_texts` turns that
-choice into the text the EMA teacher reads — the anchor episode's actions through a
-sanitiser (:mod:`credo.teachers.sanitise`), or the external context as given (already
-sanitised when it was cached). The trainer then renders each row's teacher prompt with
+:func:`credo.objectives.candidate_contexts` marks, per sample (episode), the verified
+rollouts of its group it may read (self-anchors), or, when its group has none, the
+external contexts of its task (a pool teacher's or the student's earlier verified
+trajectory, already sanitised); :func:`anchor_sets` turns those marks into the texts the
+EMA teacher reads — a self-anchor's actions through a sanitiser
+(:mod:`credo.teachers.sanitise`), at most ``limit`` per sample, in candidate order. The
+trainer then renders each row's teacher prompts with
 :func:`credo.teachers.privileged_prompts` (every row of an episode gets its episode's
-text).
+texts).
 """
 
 from __future__ import annotations
@@ -18,50 +20,54 @@ import torch
 
 from credo.teachers.sanitise import sanitise
 
-__all__ = ["anchor_texts"]
+__all__ = ["anchor_sets"]
 
 
-def anchor_texts(
-    source: torch.Tensor,
-    index: torch.Tensor,
+def anchor_sets(
+    own: torch.Tensor,
+    external_cand: torch.Tensor,
     episode_actions: Sequence[Sequence[str]],
     external: Sequence[str] = (),
     *,
+    limit: int = 1,
     sanitiser: str = "none",
     **params: Any,
-) -> list[str | None]:
-    """Per sample, the teacher context text (``None``: no context).
+) -> list[list[str]]:
+    """Per sample, the texts of its first ``limit`` candidate contexts (empty: none).
 
     Args:
-        source: ``[N]`` int64 from ``ContextChoice.source`` (0 none, 1 self, 2 external).
-        index: ``[N]`` int64 from ``ContextChoice.index``.
+        own: ``[N, N]`` bool, sample j's episode anchors sample i (self-anchors).
+        external_cand: ``[N, M]`` bool, external context m is a candidate of sample i.
         episode_actions: per sample (the same N episodes), its actions in order.
-        external: the external contexts ``ContextChoice.index`` points into (texts).
+        external: the M external contexts (texts, already sanitised).
+        limit: contexts kept per sample (≥ 1; 1 is the first candidate alone).
         sanitiser: name of the sanitiser applied to self-anchors (default ``none``).
         **params: the sanitiser's knobs.
+
+    A candidate whose sanitised text is empty gives no context (and is not replaced by
+    the next one).
     """
-    if source.shape != index.shape or source.dim() != 1:
+    n = len(episode_actions)
+    if own.shape != (n, n) or external_cand.dim() != 2 or external_cand.shape[0] != n:
         raise ValueError(
-            f"anchor_texts: source and index must both be [N], got {list(source.shape)} and "
-            f"{list(index.shape)}"
+            f"anchor_sets: own must be [N, N] and external_cand [N, M] for N = {n} episodes, "
+            f"got {list(own.shape)} and {list(external_cand.shape)}"
         )
-    if len(episode_actions) != source.shape[0]:
+    if external_cand.shape[1] != len(external):
         raise ValueError(
-            f"anchor_texts: {len(episode_actions)} episodes for {source.shape[0]} samples"
+            f"anchor_sets: {external_cand.shape[1]} external candidates for "
+            f"{len(external)} external contexts"
         )
-    out: list[str | None] = []
-    for src, idx in zip(source.tolist(), index.tolist()):
-        if src == 1:
-            text = sanitise(sanitiser, episode_actions[idx], **params)
-        elif src == 2:
-            if not 0 <= idx < len(external):
-                raise ValueError(
-                    f"anchor_texts: external context {idx} does not exist ({len(external)} given)"
-                )
-            text = external[idx]
-        elif src == 0:
-            text = ""
-        else:
-            raise ValueError(f"anchor_texts: unknown source code {src}; valid: 0, 1, 2")
-        out.append(text or None)
+    if limit < 1:
+        raise ValueError(f"anchor_sets: limit must be >= 1, got {limit}")
+    out: list[list[str]] = []
+    for i in range(n):
+        texts = [sanitise(sanitiser, episode_actions[j], **params) for j in _true(own[i], limit)]
+        texts += [external[m] for m in _true(external_cand[i], limit - len(texts))]
+        out.append([t for t in texts if t])
     return out
+
+
+def _true(row: torch.Tensor, k: int) -> list[int]:
+    """The first ``k`` indices where ``row`` is true."""
+    return row.nonzero().flatten()[: max(0, k)].tolist()

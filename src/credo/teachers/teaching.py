@@ -38,16 +38,18 @@ from typing import Any
 import torch
 
 from credo.data import Episode, RolloutForest, TokenBatch
-from credo.objectives import select_contexts
+from credo.envs.base import Task
+from credo.objectives import candidate_contexts, mixture_logprobs
 from credo.policy.hf import HFPolicy
 from credo.rollout.render import Renderer, Turn
-from credo.teachers.anchors import anchor_texts
+from credo.teachers.anchors import anchor_sets
 from credo.teachers.base import Teacher, TeacherCost, TeacherRows, TeacherScores
 from credo.teachers.context_cache import ContextCache
 from credo.teachers.ema import EMATeacher
 from credo.teachers.extras import attach_teacher_scores
 from credo.teachers.folders import oprd_base_path, oprd_teacher_pairs, require_teacher_path
-from credo.teachers.loading import check_teacher_folder, resolve_policy_folder
+from credo.teachers.loading import check_teacher_folder, load_teacher_policy, resolve_policy_folder
+from credo.teachers.pool import PoolPlay, TeacherPool, pool_labels
 from credo.teachers.privileged import privileged_prompts
 from credo.teachers.registry import make_teacher, teacher_settings
 from credo.teachers.routes import RouteInputs, teacher_route
@@ -79,7 +81,7 @@ def check_teacher_inputs(t: Any, student: HFPolicy) -> None:
             "teacher.topk=K (e.g. 16)"
         )
     pairs = oprd_teacher_pairs(t)
-    for path in (t.path, oprd_base_path(t), *(p for pair in pairs[1:] for p in pair)):
+    for path in (t.path, oprd_base_path(t), *(p for pair in pairs[1:] for p in pair), *t.pool):
         if path:
             check_teacher_folder(resolve_policy_folder(path), student)
 
@@ -186,6 +188,8 @@ class Teaching:
         reference: the frozen reference policy Rényi OPSD mixes in, else ``None``.
         cache: MT-SDPO's verified contexts per task (``teacher.context_cache`` > 0).
         more: OPRD's further ``(π_T^RL, π_T^base)`` pairs (``teacher.oprd.teachers``).
+        pool: MT-SDPO's pool of domain teachers and their eligible sets
+            (``teacher.pool``), else ``None``.
     """
 
     cfg: Any
@@ -194,15 +198,23 @@ class Teaching:
     reference: HFPolicy | None = None
     cache: ContextCache | None = None
     more: list[tuple[Teacher, Teacher]] = field(default_factory=list)
+    pool: TeacherPool | None = None
 
     @classmethod
     def build(
-        cls, t: Any, policy: HFPolicy, reference: HFPolicy | None, *, reference_head: bool = False
+        cls,
+        t: Any,
+        policy: HFPolicy,
+        reference: HFPolicy | None,
+        *,
+        reference_head: bool = False,
+        play: PoolPlay | None = None,
     ) -> Teaching | None:
         """The teachers the ``teacher`` section ``t`` describes for the student ``policy``
         (``None`` without a teacher). With ``reference_head`` (the loss registered the need
         ``reference_head``: Rényi OPSD), the loss route also scores the teacher's head
-        with ``reference``, the run's frozen reference."""
+        with ``reference``, the run's frozen reference. ``play``: how a pool member plays
+        tasks (needed with ``teacher.pool``)."""
         if not t.enabled or t.kind is None:
             return None
         require_teacher_path(t)
@@ -221,6 +233,15 @@ class Teaching:
         ]
         if reference_head and reference is None:
             raise ValueError("the loss mixes in the frozen reference, which the run lacks")
+        pool = None
+        if t.pool:
+            if play is None:
+                raise ValueError("teacher.pool needs a way to play its members (play=...)")
+            members = [
+                (label, load_teacher_policy(path, policy))
+                for label, path in zip(pool_labels(t.pool), t.pool)
+            ]
+            pool = TeacherPool(members, play, t.sanitiser, dict(t.sanitiser_params))
         return cls(
             t,
             teacher,
@@ -228,11 +249,17 @@ class Teaching:
             reference if reference_head else None,
             ContextCache(t.context_cache) if t.context_cache > 0 else None,
             more,
+            pool,
         )
 
     # ---------------------------------------------------------------- scoring
     def lesson(
-        self, renderer: Renderer, forest: RolloutForest, episodes: Sequence[Episode], pad_id: int
+        self,
+        renderer: Renderer,
+        forest: RolloutForest,
+        episodes: Sequence[Episode],
+        pad_id: int,
+        tasks: Sequence[Task] = (),
     ) -> Lesson:
         """Score the policy rows of ``forest`` once and prepare the route (class docs).
 
@@ -241,65 +268,137 @@ class Teaching:
             forest: the iteration's policy rows (oracle rows split off).
             episodes: the rollout's episodes (their task ids key the context cache).
             pad_id: the student's padding id.
+            tasks: the iteration's tasks (task ``i`` is group ``i``): a teacher pool plays
+                those whose group has no verified rollout.
         """
         t = self.cfg
         route = teacher_route(t.route)
         tb = forest.to_batch(torch.zeros(forest.num_rows), pad_id=pad_id)
-        texts = self._texts(forest, episodes)
-        prompts = None if texts is None else teacher_prompts(renderer, forest, texts, t)
-        row_mask = (
-            torch.ones(len(tb), dtype=torch.bool)
-            if prompts is None
-            else torch.tensor([p is not None for p in prompts], dtype=torch.bool)
-        )
-        rows = TeacherRows.from_batch(tb, prompts)
+        sets = self._texts(forest, episodes, tasks)
         head = route.to_loss and (t.topk > 0 or t.full)
-        scores = self.teacher.score(rows, topk=t.topk if head else 0, full=t.full and head)
         cost = TeacherCost()
+        if sets is None:
+            row_mask = torch.ones(len(tb), dtype=torch.bool)
+            rows = TeacherRows.from_batch(tb)
+            scores = self.teacher.score(rows, topk=t.topk if head else 0, full=t.full and head)
+        else:
+            row_mask = torch.tensor([bool(x) for x in sets], dtype=torch.bool)
+            rows, scores = self._score_sets(renderer, forest, tb, sets, head, cost)
         cost.add(scores.cost)
         tokens = tb.response_mask & row_mask[:, None]
         lesson = Lesson(t.route, scores, row_mask)
         route.fn(lesson, RouteInputs(t, forest, tb, rows, row_mask, tokens, self, cost))
         lesson.metrics.update(self._metrics(tb, scores, tokens, row_mask, lesson, cost))
+        if sets is not None and self.cfg.privileged == "anchor":
+            read = [len(x) for x in sets if x]
+            lesson.metrics["teacher/contexts"] = sum(read) / len(read) if read else 0.0
+        if self.pool is not None:
+            lesson.metrics.update(self.pool.metrics())
         return lesson
 
-    def _texts(self, forest: RolloutForest, episodes: Sequence[Episode]) -> list[str | None] | None:
-        """Per row, the privileged text the teacher reads (``None``: no privileged
-        context at all)."""
+    def _score_sets(
+        self,
+        renderer: Renderer,
+        forest: RolloutForest,
+        tb: TokenBatch,
+        sets: list[list[str]],
+        head: bool,
+        cost: TeacherCost,
+    ) -> tuple[TeacherRows, TeacherScores]:
+        """The teacher's scores of every row in each of its contexts ``sets[i]`` (a row
+        without one keeps the student's prompt), mixed over a row's contexts
+        (:func:`credo.objectives.mixture_logprobs`); the first context's rows and the
+        mixed scores. Several contexts a row need the full distribution
+        (``teacher.aggregate: all`` is checked to have it)."""
+        t = self.cfg
+        topk, full = (t.topk if head else 0), (t.full and head)
+        slots = max([1, *(len(x) for x in sets)])
+        first = [x[0] if x else None for x in sets]
+        rows = TeacherRows.from_batch(tb, teacher_prompts(renderer, forest, first, t))
+        scores = self.teacher.score(rows, topk=topk, full=full)
+        if slots == 1:
+            return rows, scores
+        if scores.topk_logprobs is not None and not full:
+            raise ValueError("several anchors per row need teacher.full=true (one shared head)")
+        present = torch.zeros(slots, len(tb), dtype=torch.bool)
+        present[0] = True
+        lps = [scores.logprobs] * slots
+        heads = [scores.topk_logprobs] * slots
+        for c in range(1, slots):
+            texts = [x[c] if len(x) > c else None for x in sets]
+            idx = torch.tensor([i for i, x in enumerate(texts) if x is not None])
+            prompts = teacher_prompts(renderer, forest, texts, t)
+            sub = self.teacher.score(
+                TeacherRows.from_batch(tb.index(idx), [prompts[i] for i in idx.tolist()]),
+                topk=topk,
+                full=full,
+            )
+            cost.add(sub.cost)
+            present[c, idx] = True
+            lps[c] = scores.logprobs.index_copy(0, idx, sub.logprobs)
+            if scores.topk_logprobs is not None and sub.topk_logprobs is not None:
+                heads[c] = scores.topk_logprobs.index_copy(0, idx, sub.topk_logprobs)
+        mixed = TeacherScores(
+            mixture_logprobs(torch.stack(lps), present),
+            scores.topk_ids,
+            None if scores.topk_logprobs is None else mixture_logprobs(torch.stack(heads), present),
+            scores.cost,
+        )
+        mask = tb.response_mask
+        mixed.logprobs = torch.where(mask, mixed.logprobs, 0.0)
+        if mixed.topk_logprobs is not None:
+            mixed.topk_logprobs = torch.where(mask[..., None], mixed.topk_logprobs, 0.0)
+        return rows, mixed
+
+    def _texts(
+        self, forest: RolloutForest, episodes: Sequence[Episode], tasks: Sequence[Task]
+    ) -> list[list[str]] | None:
+        """Per row, the privileged texts the teacher reads (an empty list: none;
+        ``None``: no privileged context at all)."""
         kind = self.cfg.privileged
         if kind is None:
             return None
         if kind == "anchor":
-            return self._anchors(forest, episodes)
+            return self._anchors(forest, episodes, tasks)
         if kind not in forest.texts:
             raise ValueError(
                 f"teacher.privileged={kind} but the rollouts recorded no such text "
                 "(SamplerContext.texts)"
             )
-        return [x or None for x in forest.texts[kind]]
+        return [[x] if x else [] for x in forest.texts[kind]]
 
-    def _anchors(self, forest: RolloutForest, episodes: Sequence[Episode]) -> list[str | None]:
-        """MT-SDPO's ``c*`` per row: a verified episode of the same group (self-anchor),
-        else a cached verified context of the same task; sanitised."""
+    def _anchors(
+        self, forest: RolloutForest, episodes: Sequence[Episode], tasks: Sequence[Task]
+    ) -> list[list[str]]:
+        """MT-SDPO's contexts per row: the verified episodes of the same group
+        (self-anchors), else the pool's eligible teachers' and the cache's verified
+        contexts of the same task; sanitised; the first one, or up to
+        ``teacher.max_contexts`` with ``teacher.aggregate: all``."""
         t = self.cfg
         ep = forest.episodes()
         actions = [[forest.actions[int(i)] for i in ep.path(e)] for e in range(ep.num_episodes)]
-        task_of = {e.group: e.task_id for e in episodes}
+        task_of = {g: task.id for g, task in enumerate(tasks)}
+        task_of.update({e.group: e.task_id for e in episodes if e.task_id})
         groups = [int(g) for g in ep.group.tolist()]
+        verified = {g for g, ok in zip(groups, ep.success.tolist()) if ok}
+        if self.pool is not None:  # eligible sets of the tasks whose group failed
+            self.pool.ensure([tasks[g] for g in sorted(set(groups) - verified) if g < len(tasks)])
         external: list[str] = []
         external_group: list[int] = []
-        if self.cache is not None:
-            for g in sorted(set(groups)):
-                for c in self.cache.get(task_of.get(g, str(g))):
-                    external.append(c)
-                    external_group.append(g)
-        choice = select_contexts(
-            ep.group,
-            ep.success,
-            external_group=torch.tensor(external_group, dtype=torch.long),
+        for g in sorted(set(groups)):
+            tid = task_of.get(g, str(g))
+            found = (self.pool.contexts(tid) if self.pool else []) + (
+                self.cache.get(tid) if self.cache else []
+            )
+            for c in dict.fromkeys(found):  # in order, each text once
+                external.append(c)
+                external_group.append(g)
+        own, ext = candidate_contexts(
+            ep.group, ep.success, torch.tensor(external_group, dtype=torch.long)
         )
-        per_episode = anchor_texts(
-            choice.source, choice.index, actions, external,
+        per_episode = anchor_sets(
+            own, ext, actions, external,
+            limit=t.max_contexts if t.aggregate == "all" else 1,
             sanitiser=t.sanitiser, **t.sanitiser_params,
         )  # fmt: skip
         if self.cache is not None:
@@ -383,12 +482,14 @@ class Teaching:
 
     def state_dict(self) -> dict[str, Any]:
         """The JSON state saved in the checkpoint's ``state.json``: the EMA's update
-        count and the context cache."""
+        count, the context cache and the pool's eligible sets."""
         state: dict[str, Any] = {}
         if isinstance(self.teacher, EMATeacher):
             state["ema_updates"] = self.teacher.updates
         if self.cache is not None:
             state["context_cache"] = self.cache.to_dict()
+        if self.pool is not None:
+            state["pool"] = self.pool.state_dict()
         return state
 
     def load(self, folder: Path, state: dict[str, Any] | None) -> None:
@@ -406,3 +507,5 @@ class Teaching:
             self.teacher.updates = int(state.get("ema_updates", 0))
         if self.cache is not None and state.get("context_cache") is not None:
             self.cache = ContextCache.from_dict(state["context_cache"])
+        if self.pool is not None:
+            self.pool.load(state.get("pool"))

@@ -593,6 +593,18 @@ class TeacherConfig:
         sanitiser_params: the sanitiser's knobs (e.g. ``{n: 2}`` for ``drop_final``).
         context_cache: ``anchor``: verified contexts kept per task across iterations for
             groups without a success this iteration (default 0: none; checkpointed).
+        pool: ``anchor``: MT-SDPO's pool of domain teachers (run, checkpoint or model
+            folders with the student's tokenizer; default none). Each plays a task once,
+            greedily, the first time a group of that task has no verified rollout; the
+            members that solve it are the task's eligible set, and their sanitised
+            episodes are the external contexts the EMA teacher reads (before the
+            ``context_cache``'s). Checkpointed (:mod:`credo.teachers.pool`).
+        aggregate: ``anchor``: ``one`` (default: the first candidate context, a verified
+            sibling else an external one) or ``all`` (every candidate, up to
+            ``max_contexts``; the target is the mean of the teacher's distributions over
+            them; needs ``full``: the contexts must score the same ids).
+        max_contexts: contexts read per episode with ``aggregate: all`` (default 4; each
+            costs one more teacher pass over that episode's rows).
         route: how the scores reach the update (a route registered in
             :mod:`credo.teachers.routes`): ``loss`` (default: a distillation loss,
             ``objective.loss`` ``opd``, ``mt_sdpo`` or ``renyi_opsd``, reads them),
@@ -624,6 +636,9 @@ class TeacherConfig:
     sanitiser: str = "none"
     sanitiser_params: dict[str, Any] = field(default_factory=dict)
     context_cache: int = 0
+    pool: list[str] = field(default_factory=list)
+    aggregate: str = "one"
+    max_contexts: int = 4
     route: str = "loss"
     reward_coef: float = 1.0
     reward_clip: float | None = None

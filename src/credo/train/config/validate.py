@@ -517,7 +517,34 @@ def _teacher(cfg: Config) -> None:
         raise ConfigError("teacher.topk and teacher.full exclude each other: set one")
     if t.context_cache > 0 and t.privileged != "anchor":
         raise ConfigError("teacher.context_cache keeps anchors: it needs teacher.privileged=anchor")
+    _anchor_settings(t)
     _teacher_folders(cfg)
+
+
+def _anchor_settings(t: Any) -> None:
+    """MT-SDPO's pool and aggregation: only with anchors; ``all`` on a shared support."""
+    _choice("teacher.aggregate", t.aggregate, ("one", "all"))
+    _at_least(1, {"teacher.max_contexts": t.max_contexts})
+    if not isinstance(t.pool, list) or not all(isinstance(p, str) and p for p in t.pool):
+        raise ConfigError(
+            f"teacher.pool must be a list of run, checkpoint or model folders, got {t.pool!r}"
+        )
+    anchored = t.privileged == "anchor"
+    if t.pool and not anchored:
+        raise ConfigError("teacher.pool gives MT-SDPO anchors: it needs teacher.privileged=anchor")
+    if t.aggregate == "all" and not (anchored and t.full):
+        raise ConfigError(
+            "teacher.aggregate=all mixes the teacher's distributions over several anchors: it "
+            "needs teacher.privileged=anchor and teacher.full=true (every context scores the "
+            "same ids); or teacher.aggregate=one"
+        )
+    from credo.teachers import resolve_policy_folder
+
+    for i, path in enumerate(t.pool):
+        try:
+            resolve_policy_folder(path)
+        except ValueError as exc:
+            raise ConfigError(f"teacher.pool[{i}]: {exc}") from None
 
 
 def _teacher_folders(cfg: Config) -> None:

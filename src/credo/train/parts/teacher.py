@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from credo.objectives import loss_needs
+from credo.teachers.pool import greedy_play
 from credo.teachers.teaching import Lesson, Teaching, check_teacher_inputs
 from credo.train.parts.base import IterationData, Part, PartContext, register_part
 
@@ -30,14 +31,22 @@ class TeacherPart(Part):
 
     def __init__(self, ctx: PartContext) -> None:
         head = "reference_head" in loss_needs(ctx.cfg.objective.loss)  # Rényi OPSD's z_ref
-        teaching = Teaching.build(ctx.cfg.teacher, ctx.policy, ctx.reference, reference_head=head)
+        run = ctx.run
+        play = (  # MT-SDPO's pool members play tasks as the held-out evaluation does
+            None
+            if run is None
+            else greedy_play(run.renderer, run.make_env, run.sampling, run.max_turns)
+        )
+        teaching = Teaching.build(
+            ctx.cfg.teacher, ctx.policy, ctx.reference, reference_head=head, play=play
+        )
         assert teaching is not None  # `when` asked for a teacher
         self.teaching, self.renderer, self.policy = teaching, ctx.run.renderer, ctx.policy
         self.lesson: Lesson | None = None
 
     def reward(self, data: IterationData) -> None:
         self.lesson = self.teaching.lesson(
-            self.renderer, data.forest, data.rollout.episodes, self.policy.pad_id
+            self.renderer, data.forest, data.rollout.episodes, self.policy.pad_id, data.tasks
         )
         data.forest = self.lesson.reward(data.forest)  # reward routes
 
