@@ -44,6 +44,19 @@ def test_each_task_goes_to_one_env_by_weight_the_same_every_time() -> None:
         env.index_of(Task("train", 5, {"env": "maze"}))
 
 
+def test_an_env_of_weight_zero_gets_no_task_but_keeps_its_words() -> None:
+    """A domain teacher trained on one env of a mixture: the other env (weight 0) gets no
+    task, in either split, but its words stay in the vocabulary (the student's)."""
+    for first, second in ((0.0, 1.0), (1.0, 0.0)):
+        env = _mixture(guess=first, lights=second)
+        want = 0 if first > 0 else 1
+        picks = {
+            env.index_of(Task.make(split, i)) for split in ("train", "test") for i in range(3000)
+        }
+        assert picks == {want}
+        assert env.vocabulary() == _mixture().vocabulary()
+
+
 def test_every_method_acts_on_the_current_tasks_env() -> None:
     env = _mixture()
     guess, lights = make_env(GUESS["name"]), make_env(LIGHTS["name"])
@@ -106,7 +119,8 @@ def test_similar_tasks_stay_in_their_env() -> None:
         ([], "must be a list"),
         ([{"kwargs": {}}], "envs[0] must be a mapping with an env name"),
         ([{"name": "shop", "weigth": 2}], "unknown key 'weigth'"),
-        ([{"name": "shop", "weight": 0}], "weight must be a number > 0"),
+        ([{"name": "shop", "weight": -1}], "weight must be a number >= 0"),
+        ([{"name": "shop", "weight": 0}], "every env has weight 0"),
         ([{"name": "shop"}, {"name": "shop"}], "label 'shop' is taken"),
         ([{"name": "mixture"}], "cannot hold a mixture"),
         ([{"name": "shop", "kwargs": [1]}], "kwargs must be a mapping"),

@@ -162,3 +162,45 @@ def test_privileged_steps_teach_reading_first(tmp_path, monkeypatch) -> None:  #
         assert with_text > without + 0.5, (with_text, without)
     finally:
         r.close()
+
+
+def test_anchor_rows_carry_the_sanitised_successful_episode() -> None:
+    """``sft.privileged=anchor``: each oracle step of a successful demonstration also
+    gives a row whose prompt carries that episode's sanitised actions, as MT-SDPO's
+    teacher reads them (an episode whose sanitised text is empty gives none)."""
+    from credo.rollout.render import Turn
+    from credo.teachers.sanitise import sanitise
+
+    cfg = load_config(
+        "mt_sdpo", ["env.name=examples.custom_env:GuessEnv", "teacher.sanitiser=drop_final"]
+    )
+    r = build_run(cfg)
+    try:
+
+        def anchor(actions: list[str]) -> str:
+            return sanitise("drop_final", actions)
+
+        demos = collect_demonstrations(
+            r.make_env, r.renderer, episodes=6, epsilon=0.0, seed=3,
+            privileged="anchor", privileged_prompt=_render(r), anchor=anchor,
+        )  # fmt: skip
+        assert demos.success_rate == 1.0
+        instruction = r.make_env().instruction()
+        want = []
+        for e in demos.episodes:
+            text = anchor([s.action for s in e.steps])
+            history: list[Turn] = []
+            for s in e.steps:
+                if text:
+                    prompt = _render(r)(instruction, list(history), s.observation, text)
+                    want.append((prompt, s.response_ids))
+                history.append(Turn(s.observation, s.action))
+        assert len(want) > 0 and demos.privileged == want
+        assert any(len(e.steps) > 1 for e in demos.episodes)
+        with pytest.raises(ValueError, match="needs the sanitiser"):
+            collect_demonstrations(
+                r.make_env, r.renderer, episodes=1, epsilon=0.0,
+                privileged="anchor", privileged_prompt=_render(r),
+            )  # fmt: skip
+    finally:
+        r.close()

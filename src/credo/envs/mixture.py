@@ -9,7 +9,10 @@ agent on several tasks the same way).
 Each entry of ``envs`` is ``{name, kwargs, weight, label}``: an env name as ``--env``
 takes it (built-in, ``module:Class``, ``gym:ID``, ...), its keyword arguments (default
 none), its share of the tasks (``weight``, default 1) and the name it is reported under
-(``label``, default the env name; labels must differ).
+(``label``, default the env name; labels must differ). A weight of 0 keeps an env's
+words and rules in the mixture but gives it no task: a domain teacher for MT-SDPO
+(``teacher.pool``) trained on one env of the mixture then shares the mixture's
+vocabulary with the student.
 
 **Which env a task belongs to** is a pure function of the task: ``task.data["env"]`` when
 set (a task that names its env, e.g. a variant from :meth:`similar_task`), else a draw
@@ -64,7 +67,7 @@ class Entry:
 
 def mixture_entries(envs: Any) -> list[Entry]:
     """The ``envs`` list of a mixture, checked: each a mapping with ``name`` and optional
-    ``kwargs``, ``weight`` (> 0) and ``label`` (distinct). One-line ``ValueError``s."""
+    ``kwargs``, ``weight`` (≥ 0, one at least > 0) and ``label`` (distinct). One-line ``ValueError``s."""
     if not isinstance(envs, list) or len(envs) < 1:
         raise ValueError(
             "mixture: env.kwargs.envs must be a list of {name, kwargs, weight, label}, e.g. "
@@ -86,14 +89,16 @@ def mixture_entries(envs: Any) -> list[Entry]:
         if not isinstance(kwargs, dict):
             raise ValueError(f"{where}.kwargs must be a mapping, got {type(kwargs).__name__}")
         weight = e.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise ValueError(f"{where}.weight must be a number > 0, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+            raise ValueError(f"{where}.weight must be a number >= 0, got {weight!r}")
         label = e.get("label", e["name"])
         if not isinstance(label, str) or not label or "|" in label:
             raise ValueError(f"{where}.label must be a non-empty name without '|', got {label!r}")
         if label in {x.label for x in out}:
             raise ValueError(f"{where}: label {label!r} is taken; give each env its own label")
         out.append(Entry(e["name"], dict(kwargs), float(weight), label))
+    if not any(e.weight > 0 for e in out):
+        raise ValueError("mixture: every env has weight 0; give at least one a weight > 0")
     return out
 
 
@@ -144,9 +149,9 @@ class MixtureEnv:
             return self.labels.index(named)
         u = random.Random(zlib.crc32(f"{task.split}/{task.seed}".encode())).random()
         for i, c in enumerate(self._cum):
-            if u < c:
+            if u < c and self.entries[i].weight > 0:
                 return i
-        return len(self._cum) - 1
+        return max(i for i, e in enumerate(self.entries) if e.weight > 0)
 
     @property
     def current(self) -> Any:

@@ -71,13 +71,17 @@ def collect_demonstrations(
     first_task: int = 0,
     privileged: str | None = None,
     privileged_prompt: Callable[[str, list[Turn], str, str], list[int]] | None = None,
+    anchor: Callable[[list[str]], str] | None = None,
 ) -> Demonstrations:
     """Roll out the ε-noisy oracle on training tasks ``first_task ..``.
 
     With ``privileged`` (a kind of ``env.privileged_context``) and ``privileged_prompt``
     (``(instruction, history, observation, text) → prompt ids``), every step that takes
     the oracle's action and whose env offers that text also gives a
-    :attr:`Demonstrations.privileged` row.
+    :attr:`Demonstrations.privileged` row. With ``privileged="anchor"`` (MT-SDPO's
+    verified context) the text is ``anchor(actions)`` of the episode itself once it
+    succeeded (the sanitised demonstration: the teacher learns to follow a verified
+    trajectory of the task), on each of its oracle steps; a failed episode gives none.
 
     Every env call is guarded (:mod:`credo.rollout.envguard`, phase ``warm start``): an
     episode whose env raises, hangs past ``rollout.step_timeout`` or returns a
@@ -100,12 +104,14 @@ def collect_demonstrations(
             f"{type(env).__name__} has no oracle_action(): the warm start needs demonstrations "
             "(set sft.enabled=false to train from the model as it is)"
         )
-    if privileged is not None and not hasattr(env, "privileged_context"):
+    if privileged == "anchor" and anchor is None:
+        raise ValueError("sft.privileged=anchor needs the sanitiser that makes an anchor")
+    if privileged not in (None, "anchor") and not hasattr(env, "privileged_context"):
         raise ValueError(
             f"sft.privileged={privileged} but {type(env).__name__} has no "
             "privileged_context(kind): drop sft.privileged or add the method"
         )
-    teach = (privileged, privileged_prompt) if privileged and privileged_prompt else None
+    teach = (privileged, privileged_prompt, anchor) if privileged and privileged_prompt else None
     noisy = epsilon > 0 and hasattr(env, "sample_action")
     first_error: EnvCallError | None = None
     for i in range(episodes):
@@ -138,10 +144,13 @@ def _demonstrate(
     rng: random.Random,
     epsilon: float,
     max_turns: int,
-    teach: tuple[str, Callable[[str, list[Turn], str, str], list[int]]] | None = None,
+    teach: tuple[str, Callable[[str, list[Turn], str, str], list[int]], Any] | None = None,
 ) -> tuple[Episode, list[tuple[list[int], list[int]]]]:
     """One ε-noisy oracle episode of ``task`` in ``env`` (every env call guarded), and
-    the privileged rows of its oracle steps (``teach``: the kind and the renderer)."""
+    the privileged rows of its oracle steps (``teach``: the kind, the renderer and, for
+    ``anchor``, the sanitiser of the episode's actions)."""
+    by_anchor = teach is not None and teach[0] == "anchor"
+    oracle_states: list[tuple[str, list[Turn], str, str]] = []
 
     def reset() -> tuple[str, str]:
         obs = check_observation(env, env.reset(task, 0), "reset")
@@ -157,7 +166,9 @@ def _demonstrate(
             turn: int = turn, instruction: str = instruction
         ) -> tuple[str, Any, str, str | None]:
             explore = epsilon > 0 and rng.random() < epsilon
-            text = None if teach is None or explore else env.privileged_context(teach[0])
+            asks = teach is not None and not explore and not by_anchor
+            text = env.privileged_context(teach[0]) if asks else None  # type: ignore[index]
+            text = "" if by_anchor and not explore else text  # known once the episode ends
             action = env.sample_action(rng) if explore else env.oracle_action()
             tr = step_env(env, action)
             check_step_result(env, tr.result, task=task.id, turn=turn)
@@ -170,6 +181,8 @@ def _demonstrate(
             rows.append(
                 (teach[1](instruction, list(history), obs, text), renderer.response_ids(action))
             )
+        elif text == "":  # an anchor's oracle step
+            oracle_states.append((instruction, list(history), obs, action))
         res = tr.result
         ep.steps.append(
             Step(
@@ -191,6 +204,14 @@ def _demonstrate(
         if res.done:
             ep.success = bool(res.info.get("success", False))
             break
+    if by_anchor and ep.success:
+        assert teach is not None
+        text = teach[2]([s.action for s in ep.steps])
+        rows += [
+            (teach[1](instr, hist, o, text), renderer.response_ids(a))
+            for instr, hist, o, a in oracle_states
+            if text
+        ]
     return ep, rows
 
 

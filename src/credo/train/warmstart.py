@@ -29,6 +29,7 @@ from credo.policy.hf import HFPolicy
 from credo.policy.lora import merge_lora
 from credo.rollout.render import Turn
 from credo.teachers import privileged_prompt_ids
+from credo.teachers.sanitise import sanitise
 from credo.train.config import Config, config_hash
 from credo.train.progress import Progress
 from credo.train.run import Run, add_adapters, max_new_tokens
@@ -88,6 +89,11 @@ def warm_start_key(cfg: Config) -> str:
     skip = {"cache", "seed"}
     skip |= {"privileged", "privileged_share"} if cfg.sft.privileged is None else set()
     skip |= {"privileged_steps"} if not cfg.sft.privileged_steps else set()
+    if cfg.sft.privileged is not None:  # the privileged rows are rendered as the teacher's
+        t = cfg.teacher
+        reading: dict[str, Any] = {"placement": t.placement, "template": t.template}
+        if cfg.sft.privileged == "anchor":
+            reading.update(sanitiser=t.sanitiser, sanitiser_params=t.sanitiser_params)
     key: dict[str, Any] = {
         "env": asdict(cfg.env),
         "model": model,
@@ -99,6 +105,8 @@ def warm_start_key(cfg: Config) -> str:
         "seed": cfg.warm_start_seed,
         "code": _code_fingerprint(cfg),
     }
+    if cfg.sft.privileged is not None:
+        key["reading"] = reading
     prompt = {
         k: getattr(cfg.rollout, k)
         for k in ("system_prompt", "user_prompt")
@@ -191,6 +199,8 @@ def warm_start(
             )  # fmt: skip
 
         teach = {"privileged": sft.privileged, "privileged_prompt": render}
+        if sft.privileged == "anchor":  # MT-SDPO's verified context, as the teacher reads it
+            teach["anchor"] = lambda actions: sanitise(t.sanitiser, actions, **t.sanitiser_params)
     clean = collect_demonstrations(
         run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0, seed=cfg.warm_start_seed,
         **teach,

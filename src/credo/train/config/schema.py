@@ -422,7 +422,10 @@ class SFTConfig:
             also give rows whose prompt carries that text, rendered as the teacher's
             prompts are (``teacher.placement``, ``teacher.template``). A self-teacher
             (``teacher.kind: self``) needs it on a model trained from scratch, which
-            otherwise never saw such text (docs/algorithms.md#rényi-opsd).
+            otherwise never saw such text (docs/algorithms.md#rényi-opsd). ``anchor``
+            (MT-SDPO): the text of each oracle step of a successful demonstration is that
+            episode's own actions through ``teacher.sanitiser``, as the teacher reads a
+            verified trajectory of the task.
         privileged_share: the share of those rows added to each phase's rows (default
             0.5; in (0, 1]).
         privileged_steps: optimizer steps on those rows alone, before the clean phase

@@ -400,8 +400,8 @@ def _sft(cfg: Config) -> None:
     _in_range("sft.epsilon", s.epsilon, 0, 1)
     if s.privileged is not None and (not isinstance(s.privileged, str) or not s.privileged):
         raise ConfigError(
-            f"sft.privileged must be a kind of the env's privileged_context (e.g. oracle) "
-            f"or null, got {s.privileged!r}"
+            f"sft.privileged must be a kind of the env's privileged_context (e.g. oracle), "
+            f"anchor (MT-SDPO's verified episode) or null, got {s.privileged!r}"
         )
     if not 0 < s.privileged_share <= 1:
         raise ConfigError(f"sft.privileged_share must be in (0, 1], got {s.privileged_share}")
