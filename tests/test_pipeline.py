@@ -371,6 +371,17 @@ def test_spatialcli_end_to_end(tmp_path: Path) -> None:
     rewritten = read_trajectories(folder / "internalise" / "internalised.jsonl")
     assert sum(len(e.steps) for e in rewritten) == kept
     assert not any(s.action.strip() == "lookup" for e in rewritten for s in e.steps)
+    # the answers the lookups gave are stated by the agent on the step after them
+    stated = [s.texts["note"] for e in rewritten for s in e.steps if "note" in s.texts]
+    answered = sum(
+        1
+        for e in episodes
+        for t, s in enumerate(e.steps[1:], 1)
+        if s.action.strip() != "lookup" and e.steps[t - 1].action.strip() == "lookup"
+    )
+    assert inner["answers stated by the agent"] == str(len(stated)) == str(answered)
+    assert all(n.startswith("lookup : ") and n.endswith("fits .") for n in stated)
+    assert spec.stage("eval_tools_off").cfg.rollout.notes is True
     # every eval stage: its table and the summary agree with its eval.json
     summary = {r["stage"]: r for r in csv.DictReader((folder / "summary.csv").open())}
     assert list(summary) == [s.name for s in spec.stages]

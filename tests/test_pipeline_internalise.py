@@ -8,9 +8,17 @@ import pytest
 from credo.data import Episode, Step
 from credo.envs.base import Task
 from credo.envs.shop import ShopEnv
-from credo.pipeline.internalise import remove_tool_calls, sft_rows
+from credo.pipeline.internalise import (
+    InternaliseParams,
+    remove_tool_calls,
+    sft_rows,
+    state_tool_results,
+    tool_answer,
+)
+from credo.policy import create_tiny_policy
+from credo.policy.tiny import TinyModelConfig
 from credo.policy.tokenizer import build_word_tokenizer
-from credo.rollout.render import PlainRenderer
+from credo.rollout.render import PLAIN_WORDS, PlainRenderer, Turn
 
 GOAL = "buy red hat"
 HOME = "home : search for products"
@@ -154,6 +162,27 @@ def test_rewritten_oracle_with_the_tool_is_the_oracle_without_it(difficulty: str
         ]
 
 
+@pytest.mark.parametrize("difficulty", ["easy", "default"])
+def test_stated_oracle_states_each_answer_and_acts_as_without_the_tool(difficulty: str) -> None:
+    """``state``: the oracle's tool-using episode becomes the tool-free oracle's episode,
+    and each step after a lookup states the lookup's answer, which names the result that
+    step clicks."""
+    on, off = ShopEnv(difficulty, tools=True), ShopEnv(difficulty, tools=False)
+    for i in range(20):
+        task = Task.make("train", i)
+        with_tool = _oracle_episode(on, task)
+        out = state_tool_results(with_tool, on.is_optional_tool)
+        plain = _oracle_episode(off, task)
+        assert [(s.observation, s.action, s.reward) for s in out.steps] == [
+            (s.observation, s.action, s.reward) for s in plain.steps
+        ]
+        noted = [s for s in out.steps if "note" in s.texts]
+        assert len(noted) == sum(s.action == "lookup" for s in with_tool.steps) >= 1
+        for s in noted:  # "lookup : result k fits ." and then click[k]
+            k = s.texts["note"].split()[3]
+            assert s.texts["note"] == f"lookup : result {k} fits ." and s.action == f"click[{k}]"
+
+
 def test_the_shop_tool() -> None:
     task = Task.make("train", 0)
     off, on = ShopEnv(), ShopEnv(tools="on")
@@ -179,3 +208,85 @@ def test_the_shop_tool() -> None:
     assert not r.info["valid"] and "lookup only on results" in r.observation
     with pytest.raises(ValueError, match="shop tools must be on or off"):
         ShopEnv(tools="maybe")
+
+
+PAGE = "results : 1 red hat $70 ; 2 red hat $35"
+ANSWER = "lookup : result 2 fits ."
+
+
+def _shop_shape() -> Episode:
+    """search -> lookup -> click[2] -> buy (success), the shop's shape."""
+    steps = [
+        Step("start", "search[red hat]", reward=0.0),
+        Step(PAGE, "lookup", reward=-0.1),
+        Step(f"{ANSWER} {PAGE}", "click[2]", reward=0.0),
+        Step("item : red hat $35", "buy", reward=1.0, terminal=True),
+    ]
+    for s in steps:
+        s.texts["instruction"] = "buy a red hat under $40"
+    return Episode(group=0, steps=steps, task_id="train/1", success=True)
+
+
+def _lookup(action: str) -> bool:
+    return action == "lookup"
+
+
+def test_tool_answer_is_what_the_call_added() -> None:
+    assert tool_answer(PAGE, f"{ANSWER} {PAGE}") == ANSWER
+    assert tool_answer(PAGE, "a new page") == "a new page"  # the page changed: all of it
+    assert tool_answer("", "x y") == "x y"
+
+
+def test_state_moves_the_answer_into_the_agents_next_turn() -> None:
+    ep = _shop_shape()
+    out = state_tool_results(ep, _lookup)
+    assert [s.action for s in out.steps] == ["search[red hat]", "click[2]", "buy"]
+    # click[2] is taken on the page without the answer, and states the answer itself
+    assert out.steps[1].observation == PAGE
+    assert out.steps[1].texts == {"instruction": "buy a red hat under $40", "note": ANSWER}
+    assert "note" not in out.steps[0].texts and "note" not in out.steps[2].texts
+    assert [s.reward for s in out.steps] == [0.0, -0.1, 1.0]  # the call's reward moves on
+    assert sum(s.reward for s in out.steps) == pytest.approx(ep.ret)
+    assert [s.action for s in ep.steps][1] == "lookup" and "note" not in ep.steps[2].texts
+    # remove: the same steps, no note
+    gone = remove_tool_calls(ep, _lookup)
+    assert [s.observation for s in gone.steps] == [s.observation for s in out.steps]
+    assert all("note" not in s.texts for s in gone.steps)
+
+
+def test_two_calls_in_a_row_and_a_trailing_call() -> None:
+    steps = [
+        Step("p0", "lookup"),
+        Step("a1 p0", "lookup"),
+        Step("a2 a1 p0", "act"),
+        Step("p3", "lookup"),  # at the end: no next observation, no answer to state
+    ]
+    out = state_tool_results(Episode(0, steps, success=True), _lookup)
+    assert [s.action for s in out.steps] == ["act"]
+    assert out.steps[0].observation == "p0" and out.steps[0].texts["note"] == "a1 a2"
+
+
+def test_plain_rows_state_the_note_and_extraction_reads_the_action_back() -> None:
+    words = "search [ ] red hat click buy lookup result fits . results 1 2 $70 $35 item start"
+    small = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    policy = create_tiny_policy([*words.split(), *PLAIN_WORDS], small, seed=0)
+    tok = policy.tokenizer
+    renderer = PlainRenderer(tok, notes=True)
+    rows = sft_rows(state_tool_results(_shop_shape(), _lookup), renderer)
+    assert len(rows) == 3
+    prompt, response = rows[1]
+    history = [Turn("start", "search[red hat]")]
+    assert prompt == renderer.prompt_ids("buy a red hat under $40", history, PAGE)
+    assert response == renderer.response_ids(f"{ANSWER} action : click[2]")
+    text = tok.decode(response[:-1])
+    action = tok.decode(renderer.response_ids("click[2]")[:-1])  # as the sampler reads it
+    assert renderer.extract_action(text, None) == action
+    assert PlainRenderer(tok).extract_action(text, None) == text.strip()  # notes off
+    assert renderer.extract_action("buy", None) == "buy"  # no note
+    # a row without a note is the action alone
+    assert rows[2][1] == renderer.response_ids("buy")
+
+
+def test_bad_rewrite_is_one_line() -> None:
+    with pytest.raises(ValueError, match="rewrite must be one of state, remove"):
+        InternaliseParams(rewrite="paraphrase")

@@ -1,19 +1,29 @@
-"""SpatialCLI's internalisation: successful trajectories with the tool calls removed, and
-SFT on them.
+"""SpatialCLI's internalisation: successful trajectories rewritten so that the policy
+states what its tool returned, then SFT on them.
 
 SpatialCLI (three stages: SFT on tool-using demonstrations, agentic RL with the tools,
-then SFT on the successful RL trajectories with every tool call and its result removed,
-evaluated with the tools off) teaches a policy to use a tool, then to do without it.
-See ``docs/algorithms.md#spatialcli`` (paper: SpatialCLI, Zhejiang University and others;
-no link) and ``docs/pipelines.md#spatialcli``.
+then SFT on the successful RL trajectories rewritten without the tool, evaluated with the
+tools off) teaches a policy to use a tool, then to do without it. See
+``docs/algorithms.md#spatialcli`` (paper: SpatialCLI, Zhejiang University and others; no
+link) and ``docs/pipelines.md#spatialcli``.
 
-:func:`remove_tool_calls` is the rewrite, a pure function of one trajectory: each step
-whose action is a tool call is dropped, and the step after it is shown the observation
-the tool call was made on (the page without the tool's answer), so the trajectory reads
-as the same actions taken with the tool off; the dropped steps' rewards move to the next
-kept step (the return is unchanged). :func:`sft_rows` renders a trajectory's prompts
-anew (the history window then holds no tool calls either). The ``internalise`` stage
-trains the input policy on those rows.
+Two rewrites of one trajectory, pure functions (``params.rewrite``):
+
+- :func:`state_tool_results` (``state``, the default and the paper's mechanism): each
+  tool-call step is dropped and **its answer moves into the agent's own next turn**: the
+  step after it is shown the observation the call was made on (the page without the
+  tool's answer) and its response states the answer as a note before the action (the
+  plain format's ``<note> action : <action>``, a line before the action in a chat reply),
+  so the model learns to produce what the tool gave, then act on it. The answer is what
+  the call added to the page (the part of the next observation before the page it was
+  called on; the whole next observation when the page changed).
+- :func:`remove_tool_calls` (``remove``, the former rewrite): the call and its answer
+  are deleted; the next step only sees the page without the answer.
+
+In both the dropped steps' rewards move to the next kept step (the return is unchanged).
+:func:`sft_rows` renders a trajectory's prompts anew (the history window then holds no
+tool calls either). The ``internalise`` stage trains the input policy on those rows; a
+policy that states notes is evaluated with ``rollout.notes=true``.
 """
 
 from __future__ import annotations
@@ -34,7 +44,17 @@ from credo.train.config import Config
 from credo.train.run import build_run, env_factory
 from credo.train.sft import sft_train
 
-__all__ = ["InternaliseParams", "remove_tool_calls", "sft_rows"]
+__all__ = [
+    "REWRITES",
+    "InternaliseParams",
+    "remove_tool_calls",
+    "sft_rows",
+    "state_tool_results",
+    "tool_answer",
+]
+
+#: The rewrites of ``params.rewrite``.
+REWRITES = ("state", "remove")
 
 
 def remove_tool_calls(episode: Episode, is_tool: Callable[[str], bool]) -> Episode:
@@ -86,10 +106,55 @@ def remove_tool_calls(episode: Episode, is_tool: Callable[[str], bool]) -> Episo
     return dataclasses.replace(episode, steps=kept)
 
 
+def tool_answer(before: str, after: str) -> str:
+    """What a tool call added to the observation it was made on: the part of ``after``
+    before ``before`` when ``after`` ends with it (the answer shown above the same
+    page), else all of ``after``."""
+    if before and after.endswith(before):
+        return after[: len(after) - len(before)].strip()
+    return after.strip()
+
+
+def state_tool_results(episode: Episode, is_tool: Callable[[str], bool]) -> Episode:
+    """``episode`` with every tool-call step removed and its answer stated by the agent
+    (a new episode; the input is not changed).
+
+    As :func:`remove_tool_calls`, and the step kept after a run of calls also gets
+    ``texts["note"]``: the answers of those calls (:func:`tool_answer` of each call's
+    observation and the next one), joined by spaces, which :func:`sft_rows` renders
+    before its action. Calls at the end have no next observation: no answer to state.
+
+    Args:
+        episode: the trajectory.
+        is_tool: whether an action is a call of the tool being internalised.
+    """
+    steps = episode.steps
+    notes: dict[int, list[str]] = {}
+    pending: list[str] = []
+    for t, step in enumerate(steps):
+        if is_tool(step.action):
+            if t + 1 < len(steps):
+                pending.append(tool_answer(step.observation, steps[t + 1].observation))
+            continue
+        if pending:
+            notes[t] = pending
+            pending = []
+    kept_index = [t for t, s in enumerate(steps) if not is_tool(s.action)]
+    out = remove_tool_calls(episode, is_tool)
+    for k, t in enumerate(kept_index):
+        answer = " ".join(a for a in notes.get(t, []) if a)
+        if answer:
+            out.steps[k].texts["note"] = answer
+    return out
+
+
 def sft_rows(episode: Episode, renderer: Renderer) -> list[tuple[list[int], list[int]]]:
     """``(prompt_ids, response_ids)`` per step of ``episode``, prompts rendered from its
     steps' instructions (``Step.texts["instruction"]``), observations and the history of
     its own earlier actions (the renderer keeps its window), as the sampler renders them.
+
+    A step with ``texts["note"]`` (:func:`state_tool_results`) answers with the note
+    stated before its action (the renderer's ``note_response_ids``).
 
     Args:
         episode: a trajectory whose steps carry their instruction.
@@ -98,12 +163,17 @@ def sft_rows(episode: Episode, renderer: Renderer) -> list[tuple[list[int], list
     rows, history = [], []
     for step in episode.steps:
         instruction = step.texts.get("instruction", "")
-        rows.append(
-            (
-                renderer.prompt_ids(instruction, history, step.observation),
-                renderer.response_ids(step.action),
-            )
-        )
+        note = step.texts.get("note")
+        if note:
+            if not callable(getattr(renderer, "note_response_ids", None)):
+                raise ValueError(
+                    f"{type(renderer).__name__} cannot state a note before an action (no "
+                    "note_response_ids); use params.rewrite=remove"
+                )
+            response = renderer.note_response_ids(note, step.action)  # type: ignore[attr-defined]
+        else:
+            response = renderer.response_ids(step.action)
+        rows.append((renderer.prompt_ids(instruction, history, step.observation), response))
         history.append(Turn(step.observation, step.action))
     return rows
 
@@ -118,12 +188,16 @@ class InternaliseParams:
         lr: peak learning rate (default 3e-4; cosine-decayed, 20 warm-up steps).
         success_only: train on successful trajectories only (default true, as in
             SpatialCLI).
+        rewrite: ``state`` (default: the tool's answer moves into the agent's own turn,
+            :func:`state_tool_results`) or ``remove`` (the call and its answer deleted,
+            :func:`remove_tool_calls`).
     """
 
     steps: int = 200
     batch_size: int = 32
     lr: float = 3e-4
     success_only: bool = True
+    rewrite: str = "state"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.steps, int) and self.steps >= 1):
@@ -132,6 +206,8 @@ class InternaliseParams:
             raise ValueError(f"batch_size must be an integer ≥ 1, got {self.batch_size!r}")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
+        if self.rewrite not in REWRITES:
+            raise ValueError(f"rewrite must be one of {', '.join(REWRITES)}, got {self.rewrite!r}")
 
 
 def _check(cfg: Config, params: Any) -> None:
@@ -167,7 +243,8 @@ def internalise_stage(ctx: StageContext) -> StageResult:
                 f"{ctx.inputs['trajectories']} is successful; nothing to internalise (more "
                 "RL, more trajectories, or params.success_only=false)"
             )
-        rewritten = [remove_tool_calls(e, is_tool) for e in chosen]
+        rewrite = state_tool_results if p.rewrite == "state" else remove_tool_calls
+        rewritten = [rewrite(e, is_tool) for e in chosen]
         write_trajectories(ctx.folder / "internalised.jsonl", rewritten)
         rows = [row for e in rewritten for row in sft_rows(e, run.renderer)]
         torch.manual_seed(ctx.cfg.train.seed)
@@ -184,16 +261,22 @@ def internalise_stage(ctx: StageContext) -> StageResult:
     finally:
         run.close()
     calls = sum(len(e.steps) for e in chosen) - sum(len(e.steps) for e in rewritten)
+    notes = sum("note" in s.texts for e in rewritten for s in e.steps)
     return StageResult(
         outputs={"policy": "policy", "trajectories": "internalised.jsonl"},
         table=[
             ("trajectories read", len(episodes)),
             ("trajectories used", len(chosen)),
             ("tool calls removed", calls),
+            ("answers stated by the agent", notes),
             ("tool calls per used trajectory", round(calls / len(chosen), 3)),
             ("SFT rows (steps kept)", len(rows)),
             ("SFT steps", stats.steps),
             ("final SFT loss", round(stats.final_loss, 4)),
         ],
-        summary={"tool_calls_removed": calls, "trajectories_used": len(chosen)},
+        summary={
+            "tool_calls_removed": calls,
+            "answers_stated": notes,
+            "trajectories_used": len(chosen),
+        },
     )

@@ -6,7 +6,10 @@ Two formats:
 
       history : <a_{t-k}> ; ... ; <a_{t-1}> page : <observation> goal : <instruction> action :
 
-  and the response is the action followed by ``<eos>``. With a history budget
+  and the response is the action followed by ``<eos>``; with ``notes`` it may carry a
+  note before the action, ``<note> action : <action>`` (the action is what follows the
+  last ``action :``: SpatialCLI's internalised policy states the tool's answer there
+  itself). With a history budget
   (``history_tokens`` > 0) the past turns carry their observations too::
 
       history : [truncated ;] page : <o_i> action : <a_i> ; ... ; page : <o_{t-1}> action : <a_{t-1}> page : <observation> goal : <instruction> action :
@@ -110,14 +113,22 @@ class PlainRenderer:
             ``history_tokens`` budget).
         history_tokens: token budget of the past turns with their observations (default
             0: the ``history_turns`` actions only, as before). See the module docstring.
+        notes: a response may carry a note before its action, ``<note> action :
+            <action>`` (default false: the whole response is the action).
     """
 
-    def __init__(self, tokenizer: Any, history_turns: int = 2, history_tokens: int = 0) -> None:
+    #: What separates a note from the action in a response (``notes``).
+    NOTE_MARK = "action :"
+
+    def __init__(
+        self, tokenizer: Any, history_turns: int = 2, history_tokens: int = 0, notes: bool = False
+    ) -> None:
         if history_tokens < 0:
             raise ValueError(f"history_tokens must be ≥ 0, got {history_tokens}")
         self.tokenizer = tokenizer
         self.history_turns = history_turns
         self.history_tokens = history_tokens
+        self.notes = notes
         self.eos_id = int(tokenizer.eos_token_id)
 
     def _turn_text(self, turn: Turn) -> str:
@@ -153,7 +164,14 @@ class PlainRenderer:
     def response_ids(self, action: str) -> list[int]:
         return [*self.tokenizer.encode(action, add_special_tokens=False), self.eos_id]
 
+    def note_response_ids(self, note: str, action: str) -> list[int]:
+        """The response that states ``note`` before ``action`` (read back by
+        :meth:`extract_action` with ``notes``)."""
+        return self.response_ids(f"{note} {self.NOTE_MARK} {action}")
+
     def extract_action(self, text: str, env: Any) -> str:
+        if self.notes and self.NOTE_MARK in text:
+            return text.rsplit(self.NOTE_MARK, 1)[1].strip()
         return text.strip()
 
 
@@ -308,6 +326,11 @@ class ChatRenderer:
         completion = full[len(prompt) :].rstrip("\n")
         return self.tokenizer.encode(completion, add_special_tokens=False)
 
+    def note_response_ids(self, note: str, action: str) -> list[int]:
+        """The reply that states ``note`` on a line before ``action`` (the env's
+        extractor finds the action in it)."""
+        return self.response_ids(f"{note}\n{action}")
+
     def extract_action(self, text: str, env: Any) -> str:
         """The action in a free-form reply.
 
@@ -405,6 +428,7 @@ def make_renderer(
     user_prompt: str | None = None,
     examples: Sequence[tuple[str, Sequence[Turn]]] = (),
     history_tokens: int = 0,
+    notes: bool = False,
 ) -> Renderer:
     """Plain format for the built-in model, chat format for models with a chat template.
 
@@ -418,9 +442,11 @@ def make_renderer(
         examples: few-shot demonstration episodes for the chat format (see
             :func:`oracle_examples`).
         history_tokens: token budget of the past turns (0: ``history_turns`` by count).
+        notes: the plain format reads a note before the action (:class:`PlainRenderer`;
+            a chat reply is read by the env's extractor, notes or not).
     """
     if builtin or not getattr(tokenizer, "chat_template", None):
-        return PlainRenderer(tokenizer, history_turns, history_tokens)
+        return PlainRenderer(tokenizer, history_turns, history_tokens, notes)
     rules = env.action_format() if hasattr(env, "action_format") else ""
     return ChatRenderer(
         tokenizer,

@@ -359,6 +359,7 @@ def build_renderer(
         user_prompt=cfg.rollout.user_prompt,
         examples=examples,
         history_tokens=cfg.rollout.history_tokens,
+        notes=cfg.rollout.notes,
     )
 
 

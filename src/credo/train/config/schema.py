@@ -113,6 +113,12 @@ class RolloutConfig:
             around the action).
         history_turns: past turns shown in the prompt (default 2): for the built-in model
             their actions, for chat models (observation, action) turns.
+        notes: the built-in model's response may state a note before its action,
+            ``<note> action : <action>``; the action is what follows the last ``action :``
+            (default false: the whole response is the action). SpatialCLI's internalised
+            policy states the tool's answer so (:mod:`credo.pipeline.internalise`);
+            evaluate it with ``rollout.notes=true`` and room for the note in
+            ``max_new_tokens``.
         history_tokens: token budget of the episode's history in the prompt (default 0:
             ``history_turns`` as above). When > 0 it replaces ``history_turns``: past
             (observation, action) turns, for the built-in model too, kept most recent
@@ -210,6 +216,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int | None = None
     history_turns: int = 2
+    notes: bool = False
     history_tokens: int = 0
     system_prompt: str | None = None
     user_prompt: str | None = None
