@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "credit": {"data", "utils"},
     "objectives": {"data", "utils"},
     "rollout": {"data", "envs", "policy", "utils"},
-    "teachers": {"data", "objectives", "policy", "rollout", "utils"},
+    "teachers": {"data", "envs", "objectives", "policy", "rollout", "utils"},
     "serve": {"data", "policy", "rollout", "utils"},
     "integrations": {"data", "credit", "objectives", "utils"},
     "eval": {"data", "envs", "policy", "rollout", "utils"},
