@@ -277,6 +277,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         delta = result.final.success_rate - result.warm.success_rate
         console.print(f"change in held-out success: {delta:+.1%} (absolute)")
     _print_by_env(console, rows)
+    _print_shifted(console, result.final)
     for label, ev in ((baseline_label(cfg), result.warm), ("trained", result.final)):
         if ev is not None and getattr(ev, "errors", 0):
             console.print(
@@ -378,6 +379,19 @@ def _print_by_env(console: Any, rows: list[tuple[str, Any]]) -> None:
     for label, ev in rows:
         weak = ev.weakest_env
         console.print(f"weakest env, {label}: {weak} ({ev.by_env[weak]['success_rate']:.1%})")
+
+
+def _print_shifted(console: Any, ev: Any) -> None:
+    """The trained policy's held-out success on each ``eval.shifted`` setting."""
+    if ev is None or not getattr(ev, "shifted", None):
+        return
+    rows = [
+        [label, str(r["episodes"]), f"{r['success_rate']:.1%}",
+         f"{r['ci_low']:.1%}–{r['ci_high']:.1%}", str(r["env_kwargs"])]
+        for label, r in ev.shifted.items()
+    ]  # fmt: skip
+    cols = ["setting", "tasks", "trained", "95 % interval", "env options"]
+    console.print(_table("held-out success on shifted settings (eval.shifted)", cols, rows))
 
 
 def _print_passk(console: Any, ev: Any) -> None:

@@ -103,6 +103,8 @@ class RecipeSummary:
     by_env: dict[str, list[float]] = field(default_factory=dict)
     #: held-out success of each seed's weakest env (``EvalResult.weakest_env``)
     weakest: list[float] = field(default_factory=list)
+    #: held-out success on each ``eval.shifted`` setting, seed by seed
+    shifted: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
@@ -135,6 +137,7 @@ class RecipeSummary:
             "text_truth": self.text_truth,
             "by_env": self.by_env,
             "weakest": self.weakest,
+            "shifted": self.shifted,
         }
 
 
@@ -207,6 +210,7 @@ def _result(run_dir: Path) -> dict[str, Any]:
         "final": final["success_rate"],
         "text_truth": final.get("text_truth"),
         "by_env": {k: v["success_rate"] for k, v in (final.get("by_env") or {}).items()},
+        "shifted": {k: v["success_rate"] for k, v in (final.get("shifted") or {}).items()},
         "warm": (warm.get("eval") or {}).get("success_rate"),
         "metrics": read_metrics(run_dir / "metrics.jsonl"),
     }
@@ -322,6 +326,8 @@ def compare(
             s.by_env.setdefault(env, []).append(v)
         if res.get("by_env"):
             s.weakest.append(min(res["by_env"].values()))
+        for label, v in res.get("shifted", {}).items():
+            s.shifted.setdefault(label, []).append(v)
         m = res["metrics"]
         s.curves.append([(r["rollout/env_steps_total"], r["rollout/success_rate"]) for r in m])
         s.iteration_s.append(statistics.fmean(r["time/iteration_s"] for r in m))
@@ -521,9 +527,15 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
                 *([_mean_sd(s.text_truth)] if texts else []),
                 *([_mean_sd(s.weakest)] if envs else []),
                 *(_mean_sd(s.by_env.get(e, [])) for e in envs),
+                *(_mean_sd(s.shifted.get(x, [])) for x in _shifted(summaries)),
             ]
         )
     return rows
+
+
+def _shifted(summaries: list[RecipeSummary]) -> list[str]:
+    """The ``eval.shifted`` labels, in order of first appearance ([] without)."""
+    return list(dict.fromkeys(x for s in summaries for x in s.shifted))
 
 
 def _envs(summaries: list[RecipeSummary]) -> list[str]:
@@ -561,15 +573,19 @@ def _per_seed_ratios(ratios: list[float | None]) -> str:
 
 def _columns(summaries: list[RecipeSummary]) -> list[str]:
     """:data:`COLUMNS`, plus a pass^k column per k when pass^k was asked for, the
-    held-out text truth where the env knows it, and on a mixture of envs the weakest
-    env's success and each env's."""
+    held-out text truth where the env knows it, on a mixture of envs the weakest env's
+    success and each env's, and each ``eval.shifted`` setting's."""
     ks = list(summaries[0].pass_hat_k) if summaries else []
     health = [HEALTH_COLUMNS[k][0] for k in _health_keys(summaries)]
     texts = ["held-out text truth (mean ± sd)"] if any(s.text_truth for s in summaries) else []
     envs = _envs(summaries)
     per_env = [f"held-out {e} (mean ± sd)" for e in envs]
     weakest = ["weakest env, held-out (mean ± sd)"] if envs else []
-    return [*COLUMNS, *health, *(f"held-out pass^{k}" for k in ks), *texts, *weakest, *per_env]
+    shifted = [f"held-out, shifted: {x} (mean ± sd)" for x in _shifted(summaries)]
+    return [
+        *COLUMNS, *health, *(f"held-out pass^{k}" for k in ks), *texts, *weakest, *per_env,
+        *shifted,
+    ]  # fmt: skip
 
 
 COLUMNS = [

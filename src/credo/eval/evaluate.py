@@ -84,6 +84,9 @@ class EvalResult:
             that sends it: ``tools`` with ``closing=respond``), the mean truth of the
             text per episode, an episode that sent none counting 0; else ``None``.
             The quality a judge's reward (SERPO) should raise.
+        shifted: held-out results on other settings of the env (``eval.shifted``), by
+            label: ``{"success_rate", "ci_low", "ci_high", "episodes", "env_kwargs"}``;
+            empty unless asked for.
     """
 
     episodes: int
@@ -103,6 +106,7 @@ class EvalResult:
     text_truth: float | None = None
     by_env: dict[str, dict[str, Any]] = field(default_factory=dict)
     weakest_env: str | None = None
+    shifted: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -358,6 +358,9 @@ def _finish(
     with the digests of ``final_policy/``)."""
     with progress.phase(f"held-out eval of the trained policy ({run.cfg.eval.episodes} episodes)"):
         final = run.evaluate(state.policy)
+    if run.shifted:
+        with progress.phase(f"held-out eval on the shifted settings ({', '.join(run.shifted)})"):
+            final.shifted = run.evaluate_shifted(state.policy)
     save_final_policy(state.policy, run_dir)
     metrics = read_metrics(run_dir / "metrics.jsonl")
     if metrics:

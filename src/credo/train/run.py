@@ -89,6 +89,8 @@ class Run:
             engine`); re-synced with the trainer's weights once after every update (at
             the first generation that follows it, :meth:`sampling_policy`).
         weights_version: updates so far (:meth:`weights_updated`).
+        shifted: per ``eval.shifted`` label, a zero-argument function making the env
+            with that entry's options (:meth:`evaluate_shifted`).
         env_pool: with ``rollout.env_workers`` ≥ 2, the Ray actors the rollouts' envs
             live in (:class:`credo.rollout.ray_envs.EnvPool`), started by the first
             :meth:`sampler_context` (commands that only evaluate never start them) and
@@ -109,6 +111,7 @@ class Run:
     weights_version: int = 0
     env_pool: EnvPool | None = None
     critic: CriticGuard | None = None
+    shifted: dict[str, Callable[[], Any]] = field(default_factory=dict)
     _synced: tuple[int, int] | None = field(default=None, init=False, repr=False)
 
     def sampler_context(
@@ -251,6 +254,33 @@ class Run:
             ks=ks,
         )
 
+    def evaluate_shifted(self, policy: HFPolicy | None = None) -> dict[str, dict[str, Any]]:
+        """Held-out success of ``policy`` (default: the run's) on each ``eval.shifted``
+        setting of the env: ``eval.episodes`` tasks, sampled as :meth:`evaluate` samples
+        (the same seed); ``{label: {success_rate, ci_low, ci_high, episodes,
+        env_kwargs}}``."""
+        sampling = dataclasses.replace(self.sampling, aux_samples=0, topk_logprobs=0)
+        out: dict[str, dict[str, Any]] = {}
+        for entry in self.cfg.eval.shifted:
+            label = str(entry["label"])
+            res = evaluate(
+                policy if policy is not None else self.policy,
+                self.renderer,
+                self.shifted[label],
+                episodes=self.cfg.eval.episodes,
+                sampling=sampling,
+                max_turns=self.max_turns,
+                seed=self.cfg.eval.seed,
+            )
+            out[label] = {
+                "success_rate": res.success_rate,
+                "ci_low": res.ci_low,
+                "ci_high": res.ci_high,
+                "episodes": res.episodes,
+                "env_kwargs": dict(entry.get("kwargs", {})),
+            }
+        return out
+
     def new_sampler_state(self) -> Any:
         """The state the configured sampler keeps across iterations (``None`` if none):
         its run-long session (the agent's), else a fresh state of its own."""
@@ -327,9 +357,10 @@ def build_run(cfg: Config, *, policy_path: Path | None = None) -> Run:
     sampling = sampling_for(cfg, builtin=builtin)
     engine = make_engine(cfg.rollout.engine, cfg.rollout.engine_params)
     critic = guard_from_config(cfg.critic)
+    shifted = {str(e["label"]): _shifted_env(cfg, e) for e in cfg.eval.shifted}
     return Run(
         cfg, make, policy, builtin, renderer, sampling, max_turns, sampler.name, knobs, session,
-        engine, critic=critic,
+        engine, critic=critic, shifted=shifted,
     )  # fmt: skip
 
 
@@ -400,6 +431,18 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
         return factory(**kwargs)
 
     return make
+
+
+def _shifted_env(cfg: Config, entry: dict[str, Any]) -> Callable[[], Any]:
+    """The env factory of one ``eval.shifted`` entry (its options merged into
+    ``env.kwargs``); an env that rejects them is one line naming the entry."""
+    kwargs = {**cfg.env.kwargs, **entry.get("kwargs", {})}
+    try:
+        return env_factory(
+            dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, kwargs=kwargs))
+        )
+    except ValueError as exc:
+        raise ValueError(f"eval.shifted {entry['label']!r}: {exc}") from None
 
 
 def env_pool(cfg: Config, make: Callable[[], Any]) -> EnvPool | None:

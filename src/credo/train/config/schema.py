@@ -475,12 +475,19 @@ class EvalConfig:
         every: also evaluate every N iterations on ``periodic_episodes`` (0 = never).
         periodic_episodes: episodes of the periodic evaluation (default 100).
         seed: sampling seed of the evaluation (default 1234).
+        shifted: held-out evaluations of the trained policy on other settings of the
+            env, out of the training distribution (default none): ``[{label, kwargs}]``,
+            each ``kwargs`` merged into ``env.kwargs`` (e.g. ``[{label: hard, kwargs:
+            {difficulty: hard}}]``), ``eval.episodes`` held-out tasks each, the same
+            sampling. Reported in ``final_eval.json`` (``shifted``), by ``credo train``
+            and as columns of ``credo compare``/``credo study``.
     """
 
     episodes: int = 500
     every: int = 0
     periodic_episodes: int = 100
     seed: int = 1234
+    shifted: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -416,6 +416,29 @@ def _sft(cfg: Config) -> None:
         )
 
 
+def _eval_shifted(cfg: Config) -> None:
+    """``eval.shifted``: a list of ``{label, kwargs}`` with distinct labels (each env is
+    built from them when the run is, before any compute)."""
+    shifted = cfg.eval.shifted
+    example = "e.g. eval.shifted=[{label: hard, kwargs: {difficulty: hard}}]"
+    if not isinstance(shifted, list):
+        raise ConfigError(f"eval.shifted must be a list of {{label, kwargs}}, {example}")
+    seen: set[str] = set()
+    for i, entry in enumerate(shifted):
+        where = f"eval.shifted[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"label", "kwargs"}:
+            raise ConfigError(f"{where} must be a mapping with label and kwargs only, {example}")
+        label, kwargs = entry.get("label"), entry.get("kwargs", {})
+        if not isinstance(label, str) or not RUN_NAME.fullmatch(label) or label in seen:
+            raise ConfigError(
+                f"{where}.label must be a distinct name of letters, digits, '-', '_' or '.', "
+                f"got {label!r}"
+            )
+        if not isinstance(kwargs, dict):
+            raise ConfigError(f"{where}.kwargs must be a mapping of env options, got {kwargs!r}")
+        seen.add(label)
+
+
 def _eval_and_train(cfg: Config) -> None:
     _at_least(
         1,
@@ -640,6 +663,7 @@ SECTION_CHECKS: tuple[Callable[[Config], None], ...] = (
     _optim,
     _sft,
     _eval_and_train,
+    _eval_shifted,
     _teacher,
     _critic,
     _judge,
