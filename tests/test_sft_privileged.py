@@ -204,3 +204,21 @@ def test_anchor_rows_carry_the_sanitised_successful_episode() -> None:
             )  # fmt: skip
     finally:
         r.close()
+
+
+def test_the_warm_start_key_follows_how_the_text_is_rendered() -> None:
+    """The privileged rows are rendered as the teacher's prompts are: the placement, the
+    template and, for anchors, the sanitiser enter the warm start's key; without
+    ``sft.privileged`` they do not (warm starts of other recipes keep their keys)."""
+    from credo.train.warmstart import warm_start_key
+
+    def key(*extra: str) -> str:
+        return warm_start_key(load_config("mt_sdpo", ["sft.steps=10", *extra]))
+
+    anchor = ["sft.privileged=anchor"]
+    assert key(*anchor) != key(*anchor, "teacher.sanitiser=drop_final")
+    assert key(*anchor) != key(*anchor, "teacher.template='{privileged} ; {text}'")
+    assert key() == key("teacher.sanitiser=drop_final")  # no privileged rows: same start
+    oracle = ["env.name=examples.custom_env:GuessEnv", "sft.privileged=oracle"]
+    assert key(*oracle) != key(*oracle, "teacher.placement=observation")
+    assert key(*oracle) == key(*oracle, "teacher.sanitiser=drop_final")  # no anchors
