@@ -159,7 +159,7 @@ def test_privileged_steps_teach_reading_first(tmp_path, monkeypatch) -> None:  #
 
         with_text = mean_logp(read)
         without = mean_logp([(p, resp) for p, (_, resp) in zip(plain, read)])
-        assert with_text > without + 0.5, (with_text, without)
+        assert with_text > without + 0.3, (with_text, without)  # here: -0.64 vs -1.31
     finally:
         r.close()
 
