@@ -63,6 +63,11 @@ def test_bad_shifted_entries_are_one_line(value: str, message: str) -> None:
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_an_agent_run_refuses_shifted_settings_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="the agent sampler's held-out evaluation runs"):
+        load_config("grpo", ["rollout.agent=examples.openai_agent:run", SHIFTED])
+
+
 def test_a_shifted_env_that_cannot_be_built_stops_before_compute() -> None:
     with pytest.raises(ValueError, match=r"eval\.shifted 'x': env .* rejected its options"):
         build_run(load_config("grpo", [*SMALL, "eval.shifted=[{label: x, kwargs: {colour: 1}}]"]))

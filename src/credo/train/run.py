@@ -219,6 +219,7 @@ class Run:
         greedy: bool = False,
         trials: int = 1,
         ks: Sequence[int] = (),
+        make_env: Callable[[], Any] | None = None,
     ) -> EvalResult:
         """Held-out success of ``policy`` (default: the run's) on the first ``episodes``
         held-out tasks (default ``eval.episodes``), sampled as in training but without
@@ -227,7 +228,9 @@ class Run:
         scores. ``greedy``: temperature 0. ``trials`` episodes per task and ``ks`` (each
         ≤ ``trials``) add pass@k and pass^k (:mod:`credo.eval.passk`). A run whose sampler
         keeps a run-long session is evaluated through it (an agent run through its agent,
-        :meth:`~credo.agent.sampler.AgentSession.evaluate`), one trial per task."""
+        :meth:`~credo.agent.sampler.AgentSession.evaluate`), one trial per task.
+        ``make_env``: another setting of the env (default: the run's own; a session's
+        evaluation has its own, and the config check refuses ``eval.shifted`` there)."""
         sampling = dataclasses.replace(
             self.sampling,
             temperature=0.0 if greedy else self.sampling.temperature,
@@ -245,7 +248,7 @@ class Run:
         return evaluate(
             policy if policy is not None else self.policy,
             self.renderer,
-            self.make_env,
+            make_env if make_env is not None else self.make_env,
             episodes=episodes,
             sampling=sampling,
             max_turns=self.max_turns,
@@ -259,19 +262,10 @@ class Run:
         setting of the env: ``eval.episodes`` tasks, sampled as :meth:`evaluate` samples
         (the same seed); ``{label: {success_rate, ci_low, ci_high, episodes,
         env_kwargs}}``."""
-        sampling = dataclasses.replace(self.sampling, aux_samples=0, topk_logprobs=0)
         out: dict[str, dict[str, Any]] = {}
         for entry in self.cfg.eval.shifted:
             label = str(entry["label"])
-            res = evaluate(
-                policy if policy is not None else self.policy,
-                self.renderer,
-                self.shifted[label],
-                episodes=self.cfg.eval.episodes,
-                sampling=sampling,
-                max_turns=self.max_turns,
-                seed=self.cfg.eval.seed,
-            )
+            res = self.evaluate(policy, make_env=self.shifted[label])
             out[label] = {
                 "success_rate": res.success_rate,
                 "ci_low": res.ci_low,

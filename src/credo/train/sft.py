@@ -166,9 +166,9 @@ def _demonstrate(
             turn: int = turn, instruction: str = instruction
         ) -> tuple[str, Any, str, str | None]:
             explore = epsilon > 0 and rng.random() < epsilon
-            asks = teach is not None and not explore and not by_anchor
-            text = env.privileged_context(teach[0]) if asks else None  # type: ignore[index]
-            text = "" if by_anchor and not explore else text  # known once the episode ends
+            text: str | None = None
+            if teach is not None and not explore:  # an anchor is known once the episode ends
+                text = "" if by_anchor else env.privileged_context(teach[0])
             action = env.sample_action(rng) if explore else env.oracle_action()
             tr = step_env(env, action)
             check_step_result(env, tr.result, task=task.id, turn=turn)

@@ -437,6 +437,14 @@ def _eval_shifted(cfg: Config) -> None:
         if not isinstance(kwargs, dict):
             raise ConfigError(f"{where}.kwargs must be a mapping of env options, got {kwargs!r}")
         seen.add(label)
+    from credo.rollout import SAMPLERS, sampler_spec
+
+    name = cfg.rollout.sampler_in_use
+    if shifted and name in SAMPLERS and sampler_spec(name).run_state:
+        raise ConfigError(
+            f"eval.shifted evaluates with credo's own sampler; the {name} sampler's held-out "
+            "evaluation runs through its own session: drop eval.shifted"
+        )
 
 
 def _eval_and_train(cfg: Config) -> None:
