@@ -184,3 +184,17 @@ def test_credo_check_env_command(capsys) -> None:
 
     assert main(["check-env", "--env", f"gym:{ENV_ID}", "--tasks", "3"]) == 0
     assert "GymEnv (gym:credo/TextLights-v0) passes the env checks" in capsys.readouterr().out
+
+
+def test_textlights_vocabulary_can_list_more_lamps_than_it_draws() -> None:
+    """A model trained on 5-7 lamps and evaluated on 8-9 (``eval.shifted``) needs the
+    numbers 8 and 9 in its word-level tokenizer: ``vocabulary_lamps`` lists them."""
+    numbers = {str(i) for i in range(1, 10)}
+    assert numbers - set(TextLightsEnv(5, 7).vocabulary()) == {"8", "9"}
+    assert numbers <= set(TextLightsEnv(5, 7, vocabulary_lamps=9).vocabulary())
+    env = make_env(
+        f"gym:{ENV_ID}", make_kwargs={"min_lamps": 5, "max_lamps": 7, "vocabulary_lamps": 9}
+    )
+    assert numbers <= set(env.vocabulary())
+    with pytest.raises(ValueError, match="vocabulary_lamps"):
+        TextLightsEnv(5, 7, vocabulary_lamps=6)

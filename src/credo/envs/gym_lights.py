@@ -42,14 +42,22 @@ class TextLightsEnv(gymnasium.Env):
 
     Args:
         min_lamps, max_lamps: the number of lamps is drawn from this range per episode.
+        vocabulary_lamps: the lamp numbers ``vocabulary()`` lists, 1 to this (default
+            ``max_lamps``); 9 lets a model trained on fewer lamps be evaluated on more
+            (``eval.shifted``), since a word-level tokenizer knows only listed words.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
-    def __init__(self, min_lamps: int = 3, max_lamps: int = 6) -> None:
+    def __init__(
+        self, min_lamps: int = 3, max_lamps: int = 6, vocabulary_lamps: int | None = None
+    ) -> None:
         if not 1 <= min_lamps <= max_lamps <= 9:
             raise ValueError(f"need 1 <= min_lamps <= max_lamps <= 9, got {min_lamps}, {max_lamps}")
-        self.min_lamps, self.max_lamps = min_lamps, max_lamps
+        listed = max_lamps if vocabulary_lamps is None else vocabulary_lamps
+        if not max_lamps <= listed <= 9:
+            raise ValueError(f"need max_lamps <= vocabulary_lamps <= 9, got {vocabulary_lamps}")
+        self.min_lamps, self.max_lamps, self.vocabulary_lamps = min_lamps, max_lamps, listed
         self.observation_space = spaces.Text(max_length=128, charset=_CHARSET + ":.")
         self.action_space = spaces.Text(max_length=32, min_length=1, charset=_CHARSET)
         self.lamps: list[bool] = []
@@ -101,7 +109,7 @@ class TextLightsEnv(gymnasium.Env):
 
     def vocabulary(self) -> list[str]:
         words = "lamps : on off invalid action use flip and a lamp number . turn every k switches"
-        return [*words.split(), *(str(i) for i in range(1, self.max_lamps + 1))]
+        return [*words.split(), *(str(i) for i in range(1, self.vocabulary_lamps + 1))]
 
 
 def register() -> None:
