@@ -199,3 +199,123 @@ def test_write_index_lists_every_study(tmp_path: Path) -> None:
     index = write_index(tmp_path / "studies", tmp_path / "docs").read_text()
     assert "| another | P | C | R | mixed | W |" in index
     assert "| two schedules | — | more steps per batch learn more | — | pending | — |" in index
+
+
+# ------------------------------------------------------------- studies of pipelines
+#: A two-stage pipeline: a warm start (evaluated) and an evaluation of it with one
+#: option changed, on the small run's env and model.
+PIPE = """
+name: tiny_pipe
+recipe: grpo
+overrides:
+  env.name: examples.custom_env:GuessEnv
+  model.tiny: {hidden_size: 32, num_layers: 1, num_heads: 4, intermediate_size: 64}
+  sft.episodes: 100
+  sft.steps: 30
+  sft.noisy_episodes: 20
+  sft.noisy_steps: 5
+  rollout.max_new_tokens: 6
+  train.threads: 1
+  eval.episodes: 8
+stages:
+  - {name: warm, kind: sft}
+  - {name: fewer_turns, kind: eval, policy: warm, overrides: {env.kwargs.max_turns: 2}}
+"""
+
+
+def _pipeline_study(tmp_path: Path, **fields: object) -> Path:
+    pipe = tmp_path / "pipe.yaml"
+    pipe.write_text(PIPE)
+    data: dict[str, object] = {
+        "title": "two warm starts",
+        "claim": "more SFT steps solve more",
+        "seeds": [0, 1],
+        "arms": [
+            {"name": "short", "pipeline": str(pipe)},
+            {"name": "long", "pipeline": str(pipe), "overrides": ["sft.steps=60"]},
+        ],
+    }
+    data.update(fields)
+    path = tmp_path / "studies" / "pipes.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_study_of_pipelines_runs_each_seed_and_tabulates_every_measured_stage(
+    tmp_path: Path,
+) -> None:
+    from credo.pipeline.study import run_pipeline_study
+
+    study = load_study(_pipeline_study(tmp_path, verdict="answered", why="w"))
+    assert [a.name for a in study.pipelines] == ["short", "long"] and not study.arms
+    docs, runs = tmp_path / "docs", tmp_path / "runs"
+    data = run_pipeline_study(study, out_root=runs, docs=docs, jobs=2, command="credo study P")
+    folder = runs / "pipes"
+    # each arm x seed is its own pipeline, with the seed and the arm's overrides
+    for arm, seed in [("short", 0), ("short", 1), ("long", 0), ("long", 1)]:
+        spec = yaml.safe_load((folder / f"{arm}-seed{seed}" / "pipeline.yaml").read_text())
+        assert f"train.seed={seed}" in spec["command_line"]
+        assert ("sft.steps=60" in spec["command_line"]) == (arm == "long")
+    # one row per arm and stage that measured success, the numbers of its stage.json
+    assert [(r["arm"], r["stage"], r["kind"]) for r in data["rows"]] == [
+        ("short", "warm", "sft"),
+        ("short", "fewer_turns", "eval"),
+        ("long", "warm", "sft"),
+        ("long", "fewer_turns", "eval"),
+    ]
+    for r in data["rows"]:
+        for seed, value in zip([0, 1], r["success"], strict=True):
+            marker = folder / f"{r['arm']}-seed{seed}" / r["stage"] / "stage.json"
+            assert value == json.loads(marker.read_text())["summary"]["success_rate"]
+    row = data["rows"][0]
+    mean = 100 * (row["success"][0] + row["success"][1]) / 2
+    page = (docs / "pipes.md").read_text()
+    assert f"| short | warm (sft) | {mean:.1f} %" in page
+    assert f"| long | `{tmp_path / 'pipe.yaml'}` | sft.steps=60 |" in page
+    assert "img/pipes.png" not in page  # no training curve for a pipeline study
+    assert "[two warm starts](pipes.md)" in (docs / "README.md").read_text()
+    # a second run reads the finished pipelines: nothing runs again
+    stamp = (folder / "short-seed0" / "warm" / "stage.json").stat().st_mtime_ns
+    assert run_pipeline_study(study, out_root=runs, docs=None) == data
+    assert (folder / "short-seed0" / "warm" / "stage.json").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"iterations": 3}, r"a study of pipelines takes no iterations \(each pipeline"),
+        ({"reference": "short"}, r"a study of pipelines takes no reference"),
+        (
+            {"arms": [{"name": "a", "recipe": "grpo"}, {"name": "b", "pipeline": "P"}]},
+            r"arm 2: no pipeline file 'P'",
+        ),
+        (
+            {"arms": [{"name": "a", "pipeline": 3}]},
+            r"arm 1 must be a mapping with a pipeline file \(and name, overrides\)",
+        ),
+    ],
+)
+def test_a_bad_pipeline_study_is_one_line(
+    tmp_path: Path, fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_study(_pipeline_study(tmp_path, **fields))
+
+
+def test_recipe_and_pipeline_arms_do_not_mix(tmp_path: Path) -> None:
+    arms = [{"name": "a", "recipe": "grpo"}, {"name": "b", "pipeline": str(tmp_path / "pipe.yaml")}]
+    with pytest.raises(ConfigError, match="arms must all name a recipe or all name a pipeline"):
+        load_study(_pipeline_study(tmp_path, arms=arms))
+
+
+def test_a_pipeline_arm_with_a_bad_value_stops_before_any_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arms = [{"name": "a", "pipeline": str(tmp_path / "pipe.yaml"), "overrides": ["optim.lr=-1"]}]
+    path = _pipeline_study(tmp_path, arms=arms)
+    out = tmp_path / "runs"
+    assert main(["study", str(path), "--out", str(out), "--docs", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: study {path}: arm a: ") and "optim.lr" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()

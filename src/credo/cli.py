@@ -543,9 +543,11 @@ def cmd_study(args: argparse.Namespace) -> int:
             f"(got {' '.join(args.overrides)})"
         )
     console = _console()
-    runs = len(study.arms) * len(study.seeds)
+    arms = len(study.arms or study.pipelines)
+    what = "pipelines" if study.pipelines else "runs"
     console.print(
-        f"study {study.name}: {len(study.arms)} arms × {len(study.seeds)} seeds = {runs} runs"
+        f"study {study.name}: {arms} arms × {len(study.seeds)} seeds = "
+        f"{arms * len(study.seeds)} {what}"
     )
 
     def on_run(arm: str, seed: int, k: int, total: int) -> None:
@@ -553,20 +555,24 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     out_root = Path(args.out) if args.out else Path("runs/studies")
     docs = None if args.no_docs else Path(args.docs)
+    command = f"credo study {args.file}" + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
+    kwargs = {"out_root": out_root, "docs": docs, "jobs": args.jobs, "on_run": on_run}
     try:
-        summaries = run_study(
-            study,
-            out_root=out_root,
-            docs=docs,
-            jobs=args.jobs,
-            on_run=on_run,
-            command=f"credo study {args.file}" + (f" --jobs {args.jobs}" if args.jobs > 1 else ""),
-        )
+        if study.pipelines:  # arms that are pipeline files (checked before they run)
+            from credo.pipeline.study import run_pipeline_study
+
+            run_pipeline_study(study, command=command, **kwargs)
+            summaries = []
+        else:
+            summaries = run_study(study, command=command, **kwargs)
     except RunFailed as exc:  # a run's own error is in its log
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    cols, rows = summary_table_rows(summaries)
-    console.print(_table(f"{study.title}: {len(study.seeds)} seeds", cols, rows))
+    if study.pipelines:  # the stages' table, as written for the page
+        console.print((out_root / study.name / "compare.md").read_text())
+    else:
+        cols, rows = summary_table_rows(summaries)
+        console.print(_table(f"{study.title}: {len(study.seeds)} seeds", cols, rows))
     where = f"runs: {out_root / study.name}"
     console.print(where + (f"   page: {docs / study.name}.md" if docs else ""))
     return 0

@@ -49,7 +49,15 @@ from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table
 from credo.utils.safe_yaml import read_yaml_file, yaml_problem
 
-__all__ = ["VERDICTS", "Study", "load_study", "run_study", "write_index", "write_page"]
+__all__ = [
+    "VERDICTS",
+    "PipelineArm",
+    "Study",
+    "load_study",
+    "run_study",
+    "write_index",
+    "write_page",
+]
 
 #: the verdicts a study may carry
 VERDICTS = ("reproduced in kind", "not reproduced", "mixed", "pending", "answered")
@@ -71,8 +79,20 @@ _KEYS = {
     "setup",
 }
 _ARM_KEYS = {"name", "recipe", "overrides"}
+#: An arm may name a pipeline file instead of a recipe (:mod:`credo.commands.pipeline_study`).
+_PIPELINE_ARM_KEYS = {"name", "pipeline", "overrides"}
 #: The placeholder an arm's override uses for the study's run folder (its setup runs).
 SETUP = "{setup}"
+
+
+@dataclass(frozen=True)
+class PipelineArm:
+    """An arm that names a pipeline file instead of a recipe: its name, the file and its
+    own overrides (run and checked by :mod:`credo.pipeline.study`)."""
+
+    name: str
+    file: str
+    overrides: tuple[str, ...] = ()
 
 
 @dataclass
@@ -85,6 +105,7 @@ class Study:
     claim: str
     arms: list[Arm]
     seeds: list[int]
+    pipelines: list[PipelineArm] = field(default_factory=list)
     paper: str = ""
     env: str | None = None
     overrides: list[str] = field(default_factory=list)
@@ -169,8 +190,22 @@ def load_study(path: str | Path) -> Study:
     raw_arms = data.get("arms")
     if not isinstance(raw_arms, list) or not raw_arms:
         raise _fail(path, "needs arms: a list of {name, recipe, overrides}")
-    arms = []
+    arms: list[Arm] = []
+    pipelines: list[PipelineArm] = []
     for k, a in enumerate(raw_arms):
+        if isinstance(a, dict) and "pipeline" in a:
+            if set(a) - _PIPELINE_ARM_KEYS or not isinstance(a["pipeline"], str):
+                raise _fail(
+                    path,
+                    f"arm {k + 1} must be a mapping with a pipeline file (and name, "
+                    f"overrides), got {a!r}",
+                )
+            if not Path(a["pipeline"]).is_file():
+                raise _fail(path, f"arm {k + 1}: no pipeline file {a['pipeline']!r}")
+            name = str(a.get("name") or Path(a["pipeline"]).stem)
+            own = tuple(_strings(path, f"arm {name}'s overrides", a.get("overrides")))
+            pipelines.append(PipelineArm(name, a["pipeline"], own))
+            continue
         if not isinstance(a, dict) or set(a) - _ARM_KEYS or not isinstance(a.get("recipe"), str):
             raise _fail(
                 path, f"arm {k + 1} must be a mapping with recipe (and name, overrides), got {a!r}"
@@ -183,6 +218,16 @@ def load_study(path: str | Path) -> Study:
                 tuple(_strings(path, f"arm {name}'s overrides", a.get("overrides"))),
             )
         )
+    if arms and pipelines:
+        raise _fail(path, "arms must all name a recipe or all name a pipeline, not both")
+    if pipelines:
+        given = [k for k in ("setup", "iterations", "reference") if data.get(k) is not None]
+        if given:
+            raise _fail(
+                path,
+                f"a study of pipelines takes no {', '.join(given)} (each pipeline file sets "
+                "its stages' budgets; the table has every arm's stages side by side)",
+            )
     setup = []
     raw_setup = data.get("setup") or []
     if not isinstance(raw_setup, list):
@@ -204,7 +249,7 @@ def load_study(path: str | Path) -> Study:
                 tuple(_strings(path, f"setup {a['name']}", a.get("overrides"))),
             )
         )
-    names = [a.name for a in arms]
+    names = [a.name for a in [*arms, *pipelines]]
     if len(set(names)) != len(names):
         raise _fail(path, f"arm names must differ: {', '.join(names)}")
     reference = data.get("reference")
@@ -226,6 +271,7 @@ def load_study(path: str | Path) -> Study:
         claim=data["claim"].strip(),
         arms=arms,
         seeds=seeds,
+        pipelines=pipelines,
         paper=data.get("paper", ""),
         env=env,
         overrides=_strings(path, "overrides", data.get("overrides")),
@@ -244,6 +290,7 @@ def load_study(path: str | Path) -> Study:
             load_config(arm.recipe, [*study.common_overrides(), *own])
         except ConfigError as exc:
             raise _fail(path, f"arm {arm.name}: {exc}") from None
+    # pipeline arms are checked stage by stage by credo.pipeline.study before they run
     return study
 
 
@@ -261,6 +308,11 @@ def run_study(
     from credo.train.config import load_config
 
     out_dir = Path(out_root) / study.name
+    if study.pipelines:
+        raise ConfigError(
+            f"study {study.path}: its arms are pipelines: run it with "
+            "credo.pipeline.study.run_pipeline_study (credo study does)"
+        )
     for run in study.setup:  # trained once (resumed, or read when finished)
         cfg = load_config(
             run.recipe,
@@ -296,6 +348,7 @@ def write_page(study: Study, out_dir: Path, docs: Path, command: str) -> Path:
     if (out_dir / "compare.png").exists():
         shutil.copyfile(out_dir / "compare.png", img)
     arm_rows = [[a.name, a.recipe, " ".join(a.overrides) or "—"] for a in study.arms]
+    arm_rows += [[a.name, f"`{a.file}`", " ".join(a.overrides) or "—"] for a in study.pipelines]
     common = " ".join(shlex.quote(o) for o in study.common_overrides())
     lines = [
         f"# {study.title}",
@@ -313,12 +366,20 @@ def write_page(study: Study, out_dir: Path, docs: Path, command: str) -> Path:
         f"Seeds {', '.join(map(str, data['seeds']))}; every arm: "
         f"`{common or 'the recipe defaults'}`.",
         "",
-        markdown_table(["arm", "recipe", "its overrides"], arm_rows),
+        markdown_table(
+            ["arm", "pipeline" if study.pipelines else "recipe", "its overrides"], arm_rows
+        ),
         "",
         (out_dir / "compare.md").read_text().strip(),
         "",
-        f"![training success vs env steps, every arm, band = min-max over seeds](img/{study.name}.png)",
-        "",
+        *(
+            [
+                f"![training success vs env steps, every arm, band = min-max over seeds](img/{study.name}.png)",
+                "",
+            ]
+            if (out_dir / "compare.png").exists()
+            else []
+        ),
     ]
     if study.notes.strip():
         lines += [study.notes.strip(), ""]
