@@ -26,6 +26,7 @@ import torch
 from credo.credit import advantage_stats
 from credo.data import RolloutForest
 from credo.envs.base import Task
+from credo.policy.hf import HFPolicy
 from credo.rollout import RolloutResult, split_oracle
 from credo.rollout.envguard import env_error_count
 from credo.train.parts import IterationData
@@ -33,7 +34,7 @@ from credo.train.run import Run
 from credo.train.state import TrainState
 from credo.train.update import policy_update
 
-__all__ = ["Clock", "iteration_seed", "run_iteration", "sample"]
+__all__ = ["Clock", "iteration_seed", "rollouts_of", "run_iteration", "sample"]
 
 # the random streams of an iteration
 _TASKS, _SAMPLING, _SHUFFLE, _CHOICES = 0, 1, 2, 3
@@ -48,12 +49,14 @@ def iteration_seed(seed: int, iteration: int, stream: int) -> int:
 def run_iteration(run: Run, state: TrainState, it: int) -> dict[str, Any]:
     """Run iteration ``it`` on ``state`` (updated in place) and return its metrics record."""
     seed, parts, clock = run.cfg.train.seed, state.parts, Clock()
-    # 1. tasks: this iteration's distinct training tasks, from the task source
-    tasks = state.tasks.draw(it, iteration_seed(seed, it, _TASKS))
-    # 2. sampler → forest (SERO's oracle rows split off: no credit, no RL loss)
+    # 1-2. this iteration's distinct training tasks, from the task source, and the
+    # sampler's rollouts of them → forest (SERO's oracle rows split off: no credit, no
+    # RL loss); with rollout.staleness, drawn and sampled ahead (:func:`rollouts_of`)
     env_errors = env_error_count()
-    rollout = sample(run, state, tasks, seed, it)
+    tasks, rollout, version = rollouts_of(run, state, it)
     data = IterationData(it, tasks, rollout, split_oracle(rollout.forest)[0])
+    if state.rollouts is not None:
+        data.metrics["rollout/staleness"] = float(it - version)
     clock.lap("rollout")
     if data.forest.num_rows == 0:
         if env_error_count() > env_errors:  # the env broke every episode: stop, naming it
@@ -121,13 +124,42 @@ def _skipped_iteration(
     )
 
 
-def sample(run: Run, state: TrainState, tasks: list[Task], seed: int, it: int) -> RolloutResult:
-    """Iteration ``it``'s rollouts of ``tasks`` with the run's sampler: with several
-    processes each samples its share of the groups from its own streams and the engine
-    gathers them (:meth:`~credo.engines.Engine.sample`)."""
+def rollouts_of(run: Run, state: TrainState, it: int) -> tuple[list[Task], RolloutResult, int]:
+    """Iteration ``it``'s tasks and rollouts, and the version of the weights that sampled
+    them (the updates behind them). Synchronous: drawn and sampled now, by the current
+    weights (version ``it``). With ``rollout.staleness`` = k: taken from the queue, where
+    they were drawn k iterations ago and sampled by the weights of then while the trainer
+    updated (:mod:`credo.train.async_rollouts`)."""
+    seed = run.cfg.train.seed
+    if state.rollouts is None:
+        tasks = state.tasks.draw(it, iteration_seed(seed, it, _TASKS))
+        return tasks, sample(run, state, tasks, seed, it), it
+    return state.rollouts.take(
+        it,
+        state.policy,
+        run.cfg.train.iterations,
+        draw=lambda j: state.tasks.draw(j, iteration_seed(seed, j, _TASKS)),
+        sample=lambda policy, tasks, j: sample(run, state, tasks, seed, j, policy=policy),
+    )
+
+
+def sample(
+    run: Run,
+    state: TrainState,
+    tasks: list[Task],
+    seed: int,
+    it: int,
+    *,
+    policy: HFPolicy | None = None,
+) -> RolloutResult:
+    """Iteration ``it``'s rollouts of ``tasks`` with the run's sampler, by ``policy``
+    (default: the one being trained): with several processes each samples its share of
+    the groups from its own streams and the engine gathers them
+    (:meth:`~credo.engines.Engine.sample`)."""
+    acting = policy if policy is not None else state.policy
     return state.engine.sample(
         lambda mine, sampling, choices: run.rollouts(
-            state.policy,
+            acting,
             mine,
             generator=torch.Generator().manual_seed(sampling),
             choice_seed=choices,
@@ -167,7 +199,9 @@ def iteration_metrics(data: IterationData, env_steps_total: int, clock: Clock) -
     eps = rollout.episodes
     n = max(1, len(eps))
     rows = max(1, forest.num_rows)
-    sampling = clock.laps["rollout"]
+    sampling = clock.laps["rollout"]  # the trainer's wait for its rollouts
+    # the sampler's own time: the wait, or longer when it sampled ahead (rollout.staleness)
+    generating = max(sampling, rollout.seconds)
     return {
         "iteration": data.it,
         "rollout/success_rate": sum(e.success for e in eps) / n,
@@ -187,8 +221,8 @@ def iteration_metrics(data: IterationData, env_steps_total: int, clock: Clock) -
         "time/reward_s": clock.laps["reward"],
         "time/update_s": clock.laps["update"],
         "time/iteration_s": clock.total,
-        "perf/env_steps_per_s": rollout.env_steps / max(1e-9, sampling),
-        "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, sampling),
+        "perf/env_steps_per_s": rollout.env_steps / max(1e-9, generating),
+        "perf/gen_tokens_per_s": rollout.generated_tokens / max(1e-9, generating),
         **top_action(forest),
         **success_by_env(eps),
         **{k: float(v) for k, v in sorted(rollout.stats.items())},

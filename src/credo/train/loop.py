@@ -283,6 +283,8 @@ def _iterate(
         )
         return True
     finally:
+        if state.rollouts is not None:  # the worker sampling ahead stops
+            state.rollouts.close()
         log.close()
         errors.flush()
     return False

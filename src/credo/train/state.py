@@ -32,6 +32,7 @@ from credo.policy.tiny import is_tiny
 from credo.rollout import SamplerContext, sample_groups
 from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
+from credo.train.async_rollouts import AsyncRollouts
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
 from credo.train.parts import PartContext, Parts, build_parts, run_needs
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
@@ -62,6 +63,8 @@ class TrainState:
             the reference, the engine and the parts (:mod:`credo.train.update`).
         iteration: iterations completed.
         env_steps_total: env steps taken by all iterations so far.
+        rollouts: the iterations sampled ahead with ``rollout.staleness`` ≥ 1
+            (:mod:`credo.train.async_rollouts`), or ``None`` (synchronous).
     """
 
     policy: HFPolicy
@@ -77,6 +80,7 @@ class TrainState:
     estimator_params: dict[str, Any] = field(default_factory=dict)
     iteration: int = 0
     env_steps_total: int = 0
+    rollouts: AsyncRollouts | None = None
 
     @classmethod
     def start(
@@ -133,6 +137,16 @@ class TrainState:
             policy, optimizer, reference, est_state, smp_state, tasks, engine, parts, update
         )
         state.estimator, state.estimator_params = cfg.credit.estimator, dict(cfg.credit.params)
+        if cfg.rollout.staleness > 0:
+            if dp.world_size() > 1:
+                raise ValueError(
+                    f"rollout.staleness={cfg.rollout.staleness} runs in one process; this "
+                    f"run has {dp.world_size()} (use rollout.staleness=0)"
+                )
+            kv = (cfg.rollout.kv_reuse, cfg.rollout.kv_cache_mb)
+            state.rollouts = AsyncRollouts(cfg.rollout.staleness, kv_reuse=kv)
+            if checkpoint is not None:
+                state.rollouts.load(checkpoint, policy)
         if checkpoint is not None:
             saved = load_checkpoint(checkpoint, engine.loaded_optimizer(optimizer))
             state.iteration, state.env_steps_total = saved["iteration"], saved["env_steps_total"]
@@ -181,8 +195,15 @@ class TrainState:
                 **{p.checkpoint_key: p.state_dict() for p in parts if p.checkpoint_key},
             },
             keep=keep,
-            write_extra=lambda folder: [p.write(folder) for p in parts],
+            write_extra=lambda folder: self._write_extra(folder),
         )
+
+    def _write_extra(self, folder: Path) -> None:
+        """The parts' files, and what is in flight with asynchronous rollouts."""
+        for part in self.parts.all.values():
+            part.write(folder)
+        if self.rollouts is not None:
+            self.rollouts.write(folder, self.iteration)
 
 
 def _task_source(run: Run) -> TaskSource:

@@ -191,6 +191,12 @@ class RolloutConfig:
         engine_params: the engine's knobs (``vllm``: :class:`credo.policy.vllm_engine.
             VLLMParams`, e.g. ``{gpu_memory_utilization: 0.3, lora: merge}``); unknown keys
             fail at load time.
+        staleness: k, asynchronous rollouts (default 0: synchronous). With k ≥ 1 a
+            worker thread samples the next iterations while the trainer updates, each
+            iteration ``j`` by the weights after ``max(0, j − k)`` updates; the batch's
+            log-probs are that sampler's (``objective.tis_cap`` corrects against them).
+            One process, ``engine: hf``, a sampler without state across iterations
+            (:mod:`credo.train.async_rollouts`, ``docs/engines/async.md``).
         env_workers: N, Ray actors that hold the rollouts' envs (default 0; 0 and 1 keep
             them in this process). With N ≥ 2 the env calls of each batch (every live
             episode's ``reset`` or ``step``) run in parallel across the actors while the
@@ -238,6 +244,7 @@ class RolloutConfig:
     kv_cache_mb: float = 1024.0
     engine: str = "hf"
     engine_params: dict[str, Any] = field(default_factory=dict)
+    staleness: int = 0
     env_workers: int = 0
     ray_address: str | None = None
     env_timeout_s: float = 30.0

@@ -217,10 +217,39 @@ def _rollout(cfg: Config) -> None:
             f"{r.tasks_per_iter}: each iteration draws that many distinct training tasks"
         )
     _sampler_needs(cfg)
+    _staleness(cfg)
     from credo.policy.engine import check_engine_config
 
     if problem := check_engine_config(r):
         raise ConfigError(problem)
+
+
+def _staleness(cfg: Config) -> None:
+    """``rollout.staleness`` (asynchronous rollouts, :mod:`credo.train.async_rollouts`):
+    a count ≥ 0; above 0, what the queue can sample ahead without changing results."""
+    from credo.rollout import sampler_spec
+
+    r = cfg.rollout
+    k = r.staleness
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError(
+            f"rollout.staleness must be an integer ≥ 0 (0: synchronous, k: rollouts "
+            f"sampled by weights up to k updates old), got {k!r}"
+        )
+    if k == 0:
+        return
+    spec = sampler_spec(r.sampler_in_use)
+    if spec.run_state or spec.state is not None:
+        raise ConfigError(
+            f"rollout.staleness={k} needs a sampler without state across iterations; "
+            f"{r.sampler_in_use!r} keeps one (use rollout.sampler=group, single or "
+            "resample, or rollout.staleness=0)"
+        )
+    if r.engine != "hf":
+        raise ConfigError(
+            f"rollout.staleness={k} runs with rollout.engine=hf only (got {r.engine!r}): "
+            "the sampling copies are the trainer's own model"
+        )
 
 
 def _sampler_needs(cfg: Config) -> None:
