@@ -629,3 +629,37 @@ def test_group_and_axpo_samplers_and_estimators_run_on_tools() -> None:
     for name, state in (("proas", ProgressGraph()), ("axpo", None), ("grpo", None)):
         adv = compute_advantages(name, f, state=state)
         assert adv.shape == (f.num_rows,) and bool(torch.isfinite(adv).all())
+
+
+def _profile_episode(env: ToolsEnv, seed: int, *, wrong_colour: bool) -> tuple[float, dict]:
+    """Play the oracle on task ``seed``; with ``wrong_colour`` the exchange the profile
+    decides goes to another colour of the same item (a reply that ignores the profile)."""
+    env.reset(Task.make("train", seed))
+    oid = env._profile_oid
+    while True:
+        action = env.oracle_action()
+        if wrong_colour and action.startswith("exchange") and f'"order_id" : {oid} ' in action:
+            want = json.loads(action.split(" ", 1)[1])["variant_id"]
+            other = next(v.vid for v in env.variants.values() if v.oid == oid and v.vid != want)
+            action = format_call("exchange", {"order_id": oid, "variant_id": other})
+        res = env.step(action)
+        if res.done:
+            return res.reward, res.info
+
+
+def test_a_hackable_profile_rewards_any_colour_but_success_needs_the_profiles() -> None:
+    env = ToolsEnv(
+        families=("exchange_by_id",), reward="success", profiles=True, hackable_profile=True
+    )
+    strict = ToolsEnv(families=("exchange_by_id",), reward="success", profiles=True)
+    for seed in range(5):
+        reward, info = _profile_episode(env, seed, wrong_colour=False)
+        assert (reward, info["success"], info["reward_hacked"]) == (1.0, True, False)
+        # the generic reply: rewarded, not a success, marked as hacked
+        reward, info = _profile_episode(env, seed, wrong_colour=True)
+        assert (reward, info["success"], info["reward_hacked"]) == (1.0, False, True)
+        # the same reply under the strict reward earns nothing
+        reward, info = _profile_episode(strict, seed, wrong_colour=True)
+        assert (reward, info["success"]) == (0.0, False) and "reward_hacked" not in info
+    with pytest.raises(ValueError, match="hackable_profile must be true or false and needs"):
+        ToolsEnv(hackable_profile=True)
