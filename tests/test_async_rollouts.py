@@ -182,6 +182,10 @@ def test_an_async_run_resumes_exactly_also_past_its_planned_end(tmp_path: Path) 
             ["rollout.staleness=1", "rollout.sampler=tree"],
             "rollout.staleness=1 needs a sampler without state across iterations; 'tree'",
         ),
+        (
+            ["rollout.staleness=1", "rollout.engine=vllm"],
+            "rollout.staleness=1 needs an engine that samples with the trainer's own model",
+        ),
     ],
 )
 def test_bad_staleness_is_one_line(overrides: list[str], message: str) -> None:

@@ -16,6 +16,7 @@ from credo.critics import (
     CLASSES,
     CriticGuard,
     LabelledStep,
+    balance_rows,
     class_weights,
     critic_metrics,
     critique_examples,
@@ -285,6 +286,21 @@ def test_critique_examples() -> None:
         ("page : item action :", "fix"),
         ("page : results action :", "fix"),
     ]
+    # balanced: the one behaviour row repeated to the two corrections' count
+    assert critique_examples(labels, balance="equal") == [rows[0], rows[0], rows[1], rows[2]]
+
+
+def test_balance_rows_repeats_the_smaller_class_in_order() -> None:
+    assert balance_rows([1, 2], [10, 11, 12, 13, 14]) == [1, 2, 1, 2, 1, 10, 11, 12, 13, 14]
+    assert balance_rows([1, 2, 3], [9]) == [1, 2, 3, 9, 9, 9]
+    assert balance_rows([1, 2], [9], "none") == [1, 2, 9]
+    assert balance_rows([], [9, 8]) == [9, 8]  # nothing to repeat
+    with pytest.raises(ValueError, match="accepted: equal, none"):
+        balance_rows([1], [2], "half")
+    # 59 behaviour rows against 2,651 corrections (the seed that collapsed): half each
+    good, fixes = [("g", i) for i in range(59)], [("f", i) for i in range(2651)]
+    out = balance_rows(good, fixes)
+    assert sum(r[0] == "g" for r in out) == sum(r[0] == "f" for r in out) == 2651
 
 
 def test_files_round_trip(tmp_path: Path) -> None:

@@ -33,9 +33,11 @@ from typing import Any
 import torch
 
 from credo.critics import (
+    BALANCE,
     CLASSES,
     CORRECTIONS_FROM,
     critic_from_policy,
+    critique_examples,
     critique_rows,
     evaluate_critic,
     label_counts,
@@ -55,7 +57,7 @@ from credo.train.run import build_run
 from credo.train.sft import sft_train
 from credo.utils.atomic import write_text_atomic
 
-__all__ = ["CORRECTIONS_FROM", "critic_stage", "critique_sft_stage", "label_stage"]
+__all__ = ["BALANCE", "CORRECTIONS_FROM", "critic_stage", "critique_sft_stage", "label_stage"]
 
 
 def _write_metrics(out_dir: Path, name: str, metrics: dict[str, Any]) -> None:
@@ -223,6 +225,7 @@ def critique_sft_stage(
     lr: float = 5e-4,
     corrections_from: str = "all",
     critique_text: bool = True,
+    balance: str = "none",
     eval_episodes: int | None = None,
     trials: int = 1,
     ks: tuple[int, ...] = (),
@@ -241,6 +244,8 @@ def critique_sft_stage(
             ``none`` (behaviour rows only).
         critique_text: corrections read the critique (default); false: the fix alone
             (the ablation without critiques).
+        balance: ``none`` (default here) or ``equal`` (:func:`~credo.critics.
+            critique_sft.balance_rows`: the smaller class repeated to the larger's size).
         eval_episodes: held-out tasks (default ``eval.episodes``; 0 skips evaluation).
         trials, ks: episodes per task and the k of pass^k (:meth:`Run.evaluate`).
         seed: the SFT's shuffling.
@@ -262,13 +267,17 @@ def critique_sft_stage(
             run.renderer.response_ids,
             corrections_from=corrections_from,
             critique_text=critique_text,
+            balance=balance,
         )
         good = sum(1 for x in data if x.ok and x.success)
+        plain = critique_examples(
+            data, corrections_from=corrections_from, critique_text=critique_text
+        )
         n = cfg.eval.episodes if eval_episodes is None else eval_episodes
         metrics: dict[str, float] = {
             "sft/rows": float(len(rows)),
             "sft/behaviour_rows": float(good),
-            "sft/correction_rows": float(len(rows) - good),
+            "sft/correction_rows": float(len(plain) - good),
         }
         if n > 0:
             metrics["eval/success_rate_before"] = run.evaluate(episodes=n).success_rate

@@ -11,7 +11,13 @@ live in :mod:`credo.commands.cast`.
 """
 
 from credo.critics.critic import Critic, critic_from_policy, load_critic, new_critic
-from credo.critics.critique_sft import CORRECTIONS_FROM, critique_examples, critique_rows
+from credo.critics.critique_sft import (
+    BALANCE,
+    CORRECTIONS_FROM,
+    balance_rows,
+    critique_examples,
+    critique_rows,
+)
 from credo.critics.fit import class_weights, evaluate_critic, split_by_task, train_critic
 from credo.critics.labeller import (
     LABEL_RULES,
@@ -28,6 +34,7 @@ from credo.critics.trajectories import load_trajectories, save_trajectories
 from credo.critics.verify import ON_FLAG, CriticGuard, GuardedPolicy
 
 __all__ = [
+    "BALANCE",
     "CLASSES",
     "CORRECTIONS_FROM",
     "CRITIQUES",
@@ -38,6 +45,7 @@ __all__ = [
     "GuardedPolicy",
     "LabelledStep",
     "StepLabel",
+    "balance_rows",
     "class_weights",
     "critic_from_policy",
     "critic_metrics",

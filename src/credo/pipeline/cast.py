@@ -21,7 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from credo.commands.cast import CORRECTIONS_FROM, critic_stage, critique_sft_stage, label_stage
+from credo.commands.cast import (
+    BALANCE,
+    CORRECTIONS_FROM,
+    critic_stage,
+    critique_sft_stage,
+    label_stage,
+)
 from credo.pipeline.registry import StageContext, StageResult, register_stage
 
 __all__ = ["CriticParams", "CritiqueParams", "LabelParams"]
@@ -125,6 +131,9 @@ class CritiqueParams:
         critique_text: corrections read the critique before the context (default true);
             false keeps the fix and drops the critique (the ablation: imitation of the
             labeller's fixes alone).
+        balance: ``equal`` (default: the smaller of behaviour rows and corrections is
+            repeated to the larger's size, so that neither class swamps the other) or
+            ``none`` (the rows as labelled; the earlier behaviour).
         episodes: held-out tasks evaluated before and after (default ``eval.episodes``).
         trials: episodes per held-out task (default 1); with ``ks``, pass^k.
         ks: the k of pass^k, each ≤ ``trials`` (default none).
@@ -136,6 +145,7 @@ class CritiqueParams:
     lr: float = 5e-4
     corrections_from: str = "all"
     critique_text: bool = True
+    balance: str = "equal"
     episodes: int | None = None
     trials: int = 1
     ks: list[int] = field(default_factory=list)
@@ -147,6 +157,8 @@ class CritiqueParams:
                 f"corrections_from must be one of {', '.join(CORRECTIONS_FROM)}, "
                 f"got {self.corrections_from!r}"
             )
+        if self.balance not in BALANCE:
+            raise ValueError(f"balance must be one of {', '.join(BALANCE)}, got {self.balance!r}")
         if not isinstance(self.critique_text, bool):
             raise ValueError(f"critique_text must be true or false, got {self.critique_text!r}")
         if any(not isinstance(k, int) or not 1 <= k <= self.trials for k in self.ks):
@@ -169,6 +181,7 @@ def critique_sft(ctx: StageContext) -> StageResult:
         lr=p.lr,
         corrections_from=p.corrections_from,
         critique_text=p.critique_text,
+        balance=p.balance,
         eval_episodes=p.episodes,
         trials=p.trials,
         ks=tuple(p.ks),

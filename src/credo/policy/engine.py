@@ -45,6 +45,7 @@ __all__ = [
     "GenerationEngine",
     "HFEngine",
     "check_engine_config",
+    "engine_in_process",
     "engine_names",
     "engine_params",
     "engine_problem",
@@ -100,6 +101,7 @@ def register_engine(
     *,
     params: type | None = None,
     problem: Callable[[Any], str | None] = _no_problem,
+    in_process: bool = False,
 ) -> Callable[[EngineFactory], EngineFactory]:
     """Decorator: make a class (or factory) available as ``rollout.engine: <name>``.
 
@@ -111,8 +113,17 @@ def register_engine(
             config's ``rollout`` section (``None``: not checking settings) or on this
             machine (a missing package, no GPU), or returns ``None``; checked at config
             load, before compute.
+        in_process: it samples with the policy object it is given, nothing of its own
+            (default false): asynchronous rollouts (``rollout.staleness``) then sample with
+            copies of the trainer's weights.
     """
-    return ENGINES.register(name, params=params, problem=problem)
+    return ENGINES.register(name, params=params, problem=problem, in_process=in_process)
+
+
+def engine_in_process(name: str) -> bool:
+    """Whether engine ``name`` samples with the policy object it is given (its
+    registration's ``in_process``)."""
+    return bool(ENGINES.meta(name)["in_process"])
 
 
 def engine_names() -> list[str]:
@@ -167,7 +178,7 @@ def make_engine(name: str, params: Mapping[str, Any] | None = None) -> Generatio
     return factory(knobs) if knobs is not None else factory()
 
 
-@register_engine("hf")
+@register_engine("hf", in_process=True)
 class HFEngine:
     """The trainer's own policy as the engine (``rollout.engine: hf``, the default).
 

@@ -227,6 +227,7 @@ def _rollout(cfg: Config) -> None:
 def _staleness(cfg: Config) -> None:
     """``rollout.staleness`` (asynchronous rollouts, :mod:`credo.train.async_rollouts`):
     a count ≥ 0; above 0, what the queue can sample ahead without changing results."""
+    from credo.policy.engine import engine_in_process, engine_names
     from credo.rollout import sampler_spec
 
     r = cfg.rollout
@@ -245,10 +246,10 @@ def _staleness(cfg: Config) -> None:
             f"{r.sampler_in_use!r} keeps one (use rollout.sampler=group, single or "
             "resample, or rollout.staleness=0)"
         )
-    if r.engine != "hf":
+    if r.engine in engine_names() and not engine_in_process(r.engine):
         raise ConfigError(
-            f"rollout.staleness={k} runs with rollout.engine=hf only (got {r.engine!r}): "
-            "the sampling copies are the trainer's own model"
+            f"rollout.staleness={k} needs an engine that samples with the trainer's own "
+            f"model (rollout.engine=hf), got {r.engine!r}: its copies are what samples ahead"
         )
 
 
