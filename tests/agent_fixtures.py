@@ -12,6 +12,7 @@ returns a success without asking the model anything.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from credo.envs import make_env
@@ -55,6 +56,41 @@ async def silent_agent(task: Any, client: Any, session_id: str) -> dict[str, Any
     if task.split == "train" and session_id.endswith("-0"):
         raise RuntimeError("failed before the first request")
     return {"reward": 0.5, "success": True}
+
+
+#: The system prompt of :func:`styled_agent`: its own words, its own reply format.
+STYLE = "You play a number game. Answer with one line: MOVE: guess[n]"
+
+
+async def styled_agent(task: Any, client: Any, session_id: str) -> dict[str, Any]:
+    """An agent as a user writes one: its own system prompt and wording, only the last
+    two observations kept, and a regex for ``MOVE: ...`` (case and spaces tolerated, as
+    the built-in tokenizer writes lower case and spaces out punctuation); a reply without
+    a move ends the episode as a failure."""
+    env = make_env(task.data["env"], **task.data["env_kwargs"])
+    seen = [env.reset(task)]
+    for _ in range(env.max_turns):
+        recent = " | ".join(seen[-2:])
+        reply = await client.chat.completions.create(
+            model="policy",
+            messages=[
+                {"role": "system", "content": STYLE},
+                {
+                    "role": "user",
+                    "content": f"Game: {env.instruction()}. Recent: {recent}. Your move?",
+                },
+            ],
+            max_tokens=12,
+        )
+        found = re.search(r"move\s*:\s*(.+)", reply.choices[0].message.content or "", re.I)
+        if found is None:
+            return {"reward": 0.0, "success": False}
+        result = env.step(found.group(1).strip())
+        seen.append(result.observation)
+        if result.done:
+            success = bool(result.info.get("success", False))
+            return {"reward": float(success), "success": success}
+    return {"reward": 0.0, "success": False}
 
 
 #: Not a function: refused by ``--agent``.

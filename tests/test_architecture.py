@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "tasks": {"data", "envs", "utils"},
     "critics": {"data", "envs", "policy", "rollout", "utils"},
     "engines": {"data", "policy", "rollout", "utils"},
-    "agent": {"envs", "eval", "policy", "rollout", "serve", "utils"},
+    "agent": {"data", "envs", "eval", "policy", "rollout", "serve", "utils"},
     "train": {
         "agent",
         "credit",

@@ -58,6 +58,8 @@ __all__ = [
     "load_agent",
     "parse_agent_result",
     "run_agent_episodes",
+    "session_id",
+    "session_task_index",
 ]
 
 #: ``agent(task, client, session_id)`` (``async def`` or ``def``) → reward or
@@ -121,6 +123,20 @@ def agent_choice(value: Any) -> int | None:
 
 #: What one agent run came to: ``(reward, success, error, choice of the last request)``.
 Outcome = tuple[float, bool, str | None, int | None]
+
+
+def session_id(call: int, task: int, g: int) -> str:
+    """The session id of episode ``g`` of task ``task`` in call ``call`` of
+    :func:`run_agent_episodes`."""
+    return f"credo-{call}-{task}-{g}"
+
+
+def session_task_index(session: str) -> int:
+    """The index, in its call's tasks, of the task a :func:`session_id` plays."""
+    parts = session.split("-")
+    if len(parts) != 4 or parts[0] != "credo" or not parts[2].isdigit():
+        raise ValueError(f"{session!r} is not a session of credo's agent runs")
+    return int(parts[2])
 
 
 def _task_id(task: Any) -> str:
@@ -330,7 +346,7 @@ def run_agent_episodes(
         (base_url, recorder), engine = server, None
     start = time.perf_counter()
     run = uuid.uuid4().hex[:12]
-    sessions = [[f"credo-{run}-{i}-{g}" for g in range(group_size)] for i in range(len(tasks))]
+    sessions = [[session_id(run, i, g) for g in range(group_size)] for i in range(len(tasks))]
     total = len(tasks) * group_size
     limit = max_concurrency or max(1, total)
     waves = math.ceil(total / limit) if total else 0

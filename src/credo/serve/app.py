@@ -284,7 +284,7 @@ def create_app(
         try:
             raw = await _read_body(request, max_body_bytes)
             req = parse_chat_request(decode_body(raw))
-            fut = engine.submit(req)
+            fut = engine.submit(req, request.headers.get(SESSION_HEADER) or req.user)
             try:
                 res: CompletionResult = await asyncio.wait_for(
                     asyncio.wrap_future(fut), request_timeout_s

@@ -157,6 +157,7 @@ class CompletionResult:
 class _Job:
     request: ChatRequest
     future: Future
+    session: str | None = None
     prompt: Any = None
     sampling: SamplingParams | None = None
 
@@ -229,16 +230,19 @@ class GenerationEngine:
                 job.future.set_exception(RuntimeError("the server is shutting down"))
         return not alive
 
-    def submit(self, request: ChatRequest) -> Future:
-        """Queue ``request``; the future resolves to a :class:`CompletionResult` or raises
-        :class:`~credo.serve.protocol.RequestError` (bad prompt) or the model's error."""
+    def submit(self, request: ChatRequest, session: str | None = None) -> Future:
+        """Queue ``request`` (of the agent session ``session``, if known); the future
+        resolves to a :class:`CompletionResult` or raises
+        :class:`~credo.serve.protocol.RequestError` (bad prompt) or the model's error.
+        A policy with ``wants_sessions = True`` gets each row's session in ``generate``
+        (the warm start's oracle replier, :mod:`credo.agent.demos`)."""
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("the generation engine is not running")
         fut: Future = Future()
         with self._idle:
             self._pending += 1
         fut.add_done_callback(self._done)
-        self._queue.put(_Job(request, fut))
+        self._queue.put(_Job(request, fut, session))
         return fut
 
     def _done(self, fut: Future) -> None:
@@ -347,8 +351,11 @@ class GenerationEngine:
             by_sampling.setdefault(j.sampling, []).append(j)  # type: ignore[arg-type]
         for sampling, group in by_sampling.items():
             prompts = [j.prompt.ids for j in group for _ in range(j.request.n)]
+            by_session = {}
+            if getattr(self.policy, "wants_sessions", False):
+                by_session["sessions"] = [j.session for j in group for _ in range(j.request.n)]
             try:
-                gens = self.policy.generate(prompts, sampling, self.generator)
+                gens = self.policy.generate(prompts, sampling, self.generator, **by_session)
                 self.batches += 1
             except Exception as exc:
                 for j in group:

@@ -28,6 +28,7 @@ from credo.policy.lora import apply_lora
 from credo.policy.models import model_problem
 from credo.policy.precision import enable_mixed_precision
 from credo.policy.tiny import create_tiny_policy
+from credo.policy.tokenizer import split_words
 from credo.rollout import (
     RolloutResult,
     SamplerContext,
@@ -483,6 +484,8 @@ def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.model.name is None:
         words = env_vocabulary(env, make, history_tokens=cfg.rollout.history_tokens)
+        if cfg.sft.agent_reply is not None:  # the words of the agent's reply format
+            words = [*words, *split_words(cfg.sft.agent_reply.replace("{action}", " "))]
         seed = cfg.warm_start_seed if cfg.sft.enabled else cfg.train.seed  # SFT's start
         policy = create_tiny_policy(words, cfg.model.tiny, seed=seed)
         policy.model.to(device)

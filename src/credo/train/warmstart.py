@@ -89,6 +89,7 @@ def warm_start_key(cfg: Config) -> str:
     skip = {"cache", "seed"}
     skip |= {"privileged", "privileged_share"} if cfg.sft.privileged is None else set()
     skip |= {"privileged_steps"} if not cfg.sft.privileged_steps else set()
+    skip |= {"agent_reply"} if cfg.sft.agent_reply is None else set()
     if cfg.sft.privileged is not None:  # the privileged rows are rendered as the teacher's
         t = cfg.teacher
         reading: dict[str, Any] = {"placement": t.placement, "template": t.template}
@@ -107,6 +108,11 @@ def warm_start_key(cfg: Config) -> str:
     }
     if cfg.sft.privileged is not None:
         key["reading"] = reading
+    if cfg.sft.agent_reply is not None and cfg.rollout.agent:  # the agent writes the prompts
+        key["agent"] = {
+            "spec": cfg.rollout.agent,
+            "code": user_code_digest(cfg.rollout.agent.rpartition(":")[0]),
+        }
     prompt = {
         k: getattr(cfg.rollout, k)
         for k in ("system_prompt", "user_prompt")
@@ -201,19 +207,22 @@ def warm_start(
         teach = {"privileged": sft.privileged, "privileged_prompt": render}
         if sft.privileged == "anchor":  # MT-SDPO's verified context, as the teacher reads it
             teach["anchor"] = lambda actions: sanitise(t.sanitiser, actions, **t.sanitiser_params)
-    clean = collect_demonstrations(
-        run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0, seed=cfg.warm_start_seed,
-        **teach,
-    )  # fmt: skip
-    noisy = collect_demonstrations(
-        run.make_env,
-        run.renderer,
-        episodes=sft.noisy_episodes,
-        epsilon=sft.epsilon,
-        seed=cfg.warm_start_seed + 1,
-        first_task=sft.episodes,
-        **teach,
-    )
+    if sft.agent_reply is not None:  # through the user's agent, the oracle replying
+        clean, noisy = _agent_demonstrations(run, policy, sft)
+    else:
+        clean = collect_demonstrations(
+            run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0,
+            seed=cfg.warm_start_seed, **teach,
+        )  # fmt: skip
+        noisy = collect_demonstrations(
+            run.make_env,
+            run.renderer,
+            episodes=sft.noisy_episodes,
+            epsilon=sft.epsilon,
+            seed=cfg.warm_start_seed + 1,
+            first_task=sft.episodes,
+            **teach,
+        )
     torch.manual_seed(cfg.warm_start_seed)
     reading = sft.privileged_steps if clean.privileged else 0
     total = reading + sft.steps + sft.noisy_steps
@@ -266,6 +275,48 @@ def warm_start(
             {"demo_success": noisy.success_rate, "seconds": seconds, "config": asdict(sft)},
         )
     return policy, WarmStart(key, False, noisy.success_rate, seconds, folder / "policy")
+
+
+def _agent_demonstrations(
+    run: Run, policy: HFPolicy, sft: Any
+) -> tuple[Demonstrations, Demonstrations]:
+    """The clean and noisy demonstrations of ``sft.agent_reply``: the user's agent run
+    with the env's oracle replying (:mod:`credo.agent.demos`); the clean ones keep the
+    episodes the agent solved.
+
+    Raises:
+        ValueError: the agent solved none of its clean episodes (its parser does not read
+            replies written as ``sft.agent_reply``).
+    """
+    from credo.agent import agent_params
+    from credo.agent.demos import collect_agent_demonstrations
+
+    cfg = run.cfg
+    a = agent_params(cfg)
+    common = {
+        "reply": sft.agent_reply,
+        "env_data": {"env": a.env, "env_kwargs": dict(a.env_kwargs)},
+        "timeout_s": a.timeout_s,
+        "max_concurrency": a.max_concurrency,
+    }
+    clean, solved = collect_agent_demonstrations(
+        a.agent, policy, run.make_env, episodes=sft.episodes, epsilon=0.0,
+        seed=cfg.warm_start_seed, **common,
+    )  # fmt: skip
+    if not any(e.success for e in clean):
+        raise ValueError(
+            f"the agent {a.agent} solved none of {len(clean)} tasks with the env's oracle "
+            f"replying as sft.agent_reply={sft.agent_reply!r}: its parser does not read "
+            "those replies (write the format its prompt asks for)"
+        )
+    noisy, noisy_solved = collect_agent_demonstrations(
+        a.agent, policy, run.make_env, episodes=sft.noisy_episodes, epsilon=sft.epsilon,
+        seed=cfg.warm_start_seed + 1, first_task=sft.episodes, **common,
+    )  # fmt: skip
+    return (
+        Demonstrations([e for e in clean if e.success], solved),
+        Demonstrations(noisy, noisy_solved),
+    )
 
 
 def _with_privileged(demos: Demonstrations, sft: Any) -> list[tuple[list[int], list[int]]]:

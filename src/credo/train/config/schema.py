@@ -449,6 +449,11 @@ class SFTConfig:
             after 1000 steps at share 1); 200 steps on the text rows first teach the
             copy (−0.27 with, −3.9 without), and the clean phase then keeps it
             (docs/algorithms.md#rényi-opsd).
+        agent_reply: with ``rollout.agent``, the warm start runs the agent itself with
+            the env's oracle answering in the model's place, each reply written as this
+            template (e.g. ``"Action: {action}"``), and trains on the exact prompts the
+            agent sent (:mod:`credo.agent.demos`, ``docs/serve.md``). Default ``None``:
+            credo's own prompts (the env's oracle demonstrations as credo renders them).
         cache: reuse a warm start with the same config hash from the cache folder
             (``$CREDO_CACHE`` or ``~/.cache/credo``; default true).
         seed: the warm start's seed: the built-in model's initial weights, the
@@ -468,6 +473,7 @@ class SFTConfig:
     privileged: str | None = None
     privileged_share: float = 0.5
     privileged_steps: int = 0
+    agent_reply: str | None = None
     cache: bool = True
     seed: int | None = None
 

@@ -444,6 +444,21 @@ def _sft(cfg: Config) -> None:
             "sft.privileged_steps needs sft.privileged (the kind of text to read, e.g. "
             "oracle); set both, or sft.privileged_steps=0"
         )
+    if s.agent_reply is not None:  # a warm start through the user's agent
+        from credo.agent.demos import check_reply_format
+
+        if cfg.rollout.agent is None:
+            raise ConfigError(
+                "sft.agent_reply is the reply format of the agent's warm start: it needs "
+                "rollout.agent (--agent module:function)"
+            )
+        if problem := check_reply_format(s.agent_reply):
+            raise ConfigError(problem)
+        if s.privileged is not None:
+            raise ConfigError(
+                "sft.agent_reply records the agent's own prompts, which carry no privileged "
+                "text: set sft.privileged=null"
+            )
 
 
 def _eval_shifted(cfg: Config) -> None:
