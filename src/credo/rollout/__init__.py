@@ -21,6 +21,7 @@ from credo.rollout.group import (
     take_step,
     trajectories_to_forest,
 )
+from credo.rollout.merge import MergeParams, sample_merged
 from credo.rollout.oracle import (
     ORACLE_STARTS,
     OracleBatch,
@@ -52,6 +53,7 @@ __all__ = [
     "EpisodeRunner",
     "ForcedPrefix",
     "LikelihoodAllocator",
+    "MergeParams",
     "OracleBatch",
     "PlainRenderer",
     "Renderer",
@@ -73,6 +75,7 @@ __all__ = [
     "run_episodes",
     "sample",
     "sample_groups",
+    "sample_merged",
     "sample_resampled",
     "sample_single",
     "sample_trees",

@@ -306,15 +306,21 @@ def state_texts(r: EpisodeRunner, names: Sequence[str]) -> dict[str, str]:
     }
 
 
-def run_episodes(runners: list[EpisodeRunner], ctx: SamplerContext) -> tuple[int, int]:
+def run_episodes(
+    runners: list[EpisodeRunner],
+    ctx: SamplerContext,
+    on_turn: Callable[[list[EpisodeRunner]], None] | None = None,
+) -> tuple[int, int]:
     """Advance every runner to the end of its episode, one batched generation per turn.
 
     ``ctx.max_turns`` caps each episode's length counted from its root (a branch that
     starts at depth k has ``max_turns − k`` turns left). A runner with a ``forced`` prefix gets
     it appended to its prompt for that turn; its recorded response is the prefix plus
-    the sampled tokens (with the prefix's original log-probs). Returns ``(env_steps,
-    generated_tokens)``; steps are appended to each runner's ``episode.steps`` (see
-    :func:`take_step`).
+    the sampled tokens (with the prefix's original log-probs). ``on_turn(live)``, when
+    given, sees the live runners before each turn's generation and may end some (set
+    ``done``: GraphPO's merging sampler stops a runner that reached a state another has
+    expanded). Returns ``(env_steps, generated_tokens)``; steps are appended to each
+    runner's ``episode.steps`` (see :func:`take_step`).
     """
     policy, renderer = ctx.policy, ctx.renderer
     # one KV-cache session per runner (multi-turn reuse, credo.policy.kvcache)
@@ -325,6 +331,9 @@ def run_episodes(runners: list[EpisodeRunner], ctx: SamplerContext) -> tuple[int
             if not r.done and len(r.episode.steps) >= ctx.max_turns:
                 r.done = True  # the sampler's own turn cap ends what the env did not
         live = [r for r in runners if not r.done]
+        if on_turn is not None and live:
+            on_turn(live)
+            live = [r for r in live if not r.done]
         if not live:
             break
         prompts = [renderer.prompt_ids(r.instruction, r.history, r.observation) for r in live]
