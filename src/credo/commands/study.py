@@ -333,10 +333,15 @@ def run_study(
         on_run=on_run,
         jobs=jobs,
     )
+    publish(study, out_dir, docs, command)
+    return summaries
+
+
+def publish(study: Study, out_dir: Path, docs: Path | None, command: str | None) -> None:
+    """With ``docs``: the study's page from ``out_dir`` and the index beside it."""
     if docs is not None:
         write_page(study, out_dir, Path(docs), command or f"credo study {study.path}")
         write_index(study.path.parent, Path(docs))
-    return summaries
 
 
 def write_page(study: Study, out_dir: Path, docs: Path, command: str) -> Path:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from credo.commands.compare import RunFailed
-from credo.commands.study import PipelineArm, Study, write_index, write_page
+from credo.commands.study import PipelineArm, Study, publish
 from credo.pipeline.runner import MARKER
 from credo.pipeline.spec import PipelineError, load_pipeline
 from credo.train.config import ConfigError
@@ -104,9 +104,7 @@ def run_pipeline_study(
         jobs=jobs,
         on_run=on_run,
     )
-    if docs is not None:
-        write_page(study, out_dir, Path(docs), command or f"credo study {study.path}")
-        write_index(study.path.parent, Path(docs))
+    publish(study, out_dir, docs, command)
     return data
 
 

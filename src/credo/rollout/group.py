@@ -49,6 +49,7 @@ __all__ = [
     "episodes_to_forest",
     "read_instruction",
     "run_episodes",
+    "runners_result",
     "sample_groups",
     "sample_single",
     "start_runners",
@@ -467,6 +468,18 @@ def sample_groups(
         ctx.make_env, tasks, group_size, env_seed=ctx.env_seed, keep_snapshots=ctx.keep_snapshots
     )
     env_steps, gen_tokens = run_episodes(runners, ctx)
+    return runners_result(runners, env_steps, gen_tokens, start)
+
+
+def runners_result(
+    runners: Sequence[EpisodeRunner],
+    env_steps: int,
+    gen_tokens: int,
+    start: float,
+    stats: dict[str, float] | None = None,
+) -> RolloutResult:
+    """The :class:`RolloutResult` of finished runners, one root trajectory each (``start``:
+    the sampler's ``perf_counter`` at its start)."""
     trajectories = [Trajectory(r.episode, runner=r) for r in runners]
     return RolloutResult(
         forest=trajectories_to_forest(trajectories)[0],
@@ -474,6 +487,7 @@ def sample_groups(
         env_steps=env_steps,
         generated_tokens=gen_tokens,
         seconds=time.perf_counter() - start,
+        stats=stats or {},
         trajectories=trajectories,
     )
 

@@ -36,10 +36,9 @@ from credo.envs.base import Task
 from credo.rollout.group import (
     EpisodeRunner,
     RolloutResult,
-    Trajectory,
     run_episodes,
+    runners_result,
     start_runners,
-    trajectories_to_forest,
 )
 from credo.rollout.sampler import SamplerContext, register_sampler
 
@@ -156,17 +155,9 @@ def sample_merged(
 
     for r in runners:
         resolve(r)
-    trajectories = [Trajectory(r.episode, runner=r) for r in runners]
-    return RolloutResult(
-        forest=trajectories_to_forest(trajectories)[0],
-        episodes=[r.episode for r in runners],
-        env_steps=env_steps,
-        generated_tokens=gen_tokens,
-        seconds=time.perf_counter() - start,
-        stats={
-            "rollout/merged_episodes": float(len(follows)),
-            "rollout/merged_steps": float(merged_steps),
-            "rollout/merged_tokens": float(merged_tokens),
-        },
-        trajectories=trajectories,
-    )
+    stats = {
+        "rollout/merged_episodes": float(len(follows)),
+        "rollout/merged_steps": float(merged_steps),
+        "rollout/merged_tokens": float(merged_tokens),
+    }
+    return runners_result(runners, env_steps, gen_tokens, start, stats)
