@@ -21,6 +21,10 @@ A study is a YAML file (``studies/<name>.yaml``) naming what is tested and how::
     result: ""                  # one line: credo's result, for the index
     notes: ""                   # markdown under the table: readings, diagnostics
 
+An arm may instead name a pipeline file (``{name: spatialcli, pipeline:
+pipelines/spatialcli.yaml}``, all arms alike): each runs once per seed and the table has
+every stage that measured held-out success (:mod:`credo.pipeline.study`).
+
 ``credo study studies/<name>.yaml [--jobs 2]`` trains the setup runs (each once, with the
 study's overrides and its own, into the study's run folder), then every arm with every seed
 through
@@ -79,7 +83,7 @@ _KEYS = {
     "setup",
 }
 _ARM_KEYS = {"name", "recipe", "overrides"}
-#: An arm may name a pipeline file instead of a recipe (:mod:`credo.commands.pipeline_study`).
+#: An arm may name a pipeline file instead of a recipe (run by :mod:`credo.pipeline.study`).
 _PIPELINE_ARM_KEYS = {"name", "pipeline", "overrides"}
 #: The placeholder an arm's override uses for the study's run folder (its setup runs).
 SETUP = "{setup}"
