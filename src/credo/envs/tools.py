@@ -363,6 +363,12 @@ def parse_call(text: str) -> tuple[str, dict[str, Any]] | CallError:
     return name, args
 
 
+def _overlap(goal: frozenset[Any], done: frozenset[Any]) -> tuple[float, bool]:
+    """``(|done ∩ goal| / |done ∪ goal|, done == goal)`` (1.0 when both are empty)."""
+    union = goal | done
+    return (len(goal & done) / len(union) if union else 1.0), done == goal
+
+
 def format_call(name: str, args: dict[str, Any]) -> str:
     """The canonical spaced form: ``refund { "order_id" : 214 , "amount" : 30 }``.
 
@@ -939,9 +945,7 @@ class ToolsEnv:
         def lenient(ops: frozenset[tuple[str, int, int]]) -> frozenset[tuple[str, int, int]]:
             return frozenset((t, o, -1 if (t == "exchange" and o == oid) else v) for t, o, v in ops)
 
-        goal, done = lenient(self.goal_ops()), lenient(frozenset(self._s.issued))
-        union = goal | done
-        return (len(goal & done) / len(union) if union else 1.0), done == goal
+        return _overlap(lenient(self.goal_ops()), lenient(frozenset(self._s.issued)))
 
     def _reward(self, score: float, success: bool) -> float:
         if self.reward_kind == "success":
@@ -956,10 +960,7 @@ class ToolsEnv:
 
     def score(self) -> tuple[float, bool]:
         """``(|issued ∩ goal| / |issued ∪ goal|, issued == goal)`` of the store's state."""
-        goal, done = self.goal_ops(), frozenset(self._s.issued)
-        union = goal | done
-        score = len(goal & done) / len(union) if union else 1.0
-        return score, done == goal
+        return _overlap(self.goal_ops(), frozenset(self._s.issued))
 
     def state_key(self) -> str:
         """Canonical state: what the last message shows and the store actions taken

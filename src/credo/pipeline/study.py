@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +108,8 @@ def run_pipeline_study(
     return data
 
 
-def _finished(arm: PipelineArm, common: Sequence[str], seed: int, out_dir: Path) -> bool:
-    folder = pipeline_folder(arm, seed, out_dir)
-    return all((folder / s / MARKER).exists() for s in check_pipeline_arm(arm, common))
+def _finished(folder: Path, stages: Sequence[str]) -> bool:
+    return all((folder / s / MARKER).exists() for s in stages)
 
 
 def run_pipelines(
@@ -136,7 +135,12 @@ def run_pipelines(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = [(arm, seed) for arm in arms for seed in seeds]
-    pending = [r for r in runs if not _finished(r[0], common, r[1], out_dir)]
+    stages = {arm.name: check_pipeline_arm(arm, common) for arm in arms}
+    pending = [
+        (arm, seed)
+        for arm, seed in runs
+        if not _finished(pipeline_folder(arm, seed, out_dir), stages[arm.name])
+    ]
     running: list[tuple[subprocess.Popen[bytes], Any, str]] = []
     failed: list[str] = []
     try:
@@ -170,7 +174,7 @@ def run_pipelines(
             log.close()
     if failed:
         raise RunFailed(f"{len(failed)} pipeline(s) failed: {'; '.join(failed)}")
-    return write_table(arms, seeds, common=common, out_dir=out_dir)
+    return write_table(arms, seeds, stages=stages, out_dir=out_dir)
 
 
 def _stage_success(folder: Path, stages: Sequence[str]) -> dict[str, tuple[str, float]]:
@@ -186,14 +190,19 @@ def _stage_success(folder: Path, stages: Sequence[str]) -> dict[str, tuple[str, 
 
 
 def write_table(
-    arms: Sequence[PipelineArm], seeds: Sequence[int], *, common: Sequence[str], out_dir: Path
+    arms: Sequence[PipelineArm],
+    seeds: Sequence[int],
+    *,
+    stages: Mapping[str, Sequence[str]],
+    out_dir: Path,
 ) -> dict[str, Any]:
-    """``compare.md`` and ``compare.json`` in ``out_dir`` from the finished pipelines:
-    one row per arm and measured stage, held-out success per seed, mean ± sd."""
+    """``compare.md`` and ``compare.json`` in ``out_dir`` from the finished pipelines
+    (``stages``: each arm's stage names, in order): one row per arm and measured stage,
+    held-out success per seed, mean ± sd."""
     rows: list[dict[str, Any]] = []
     for arm in arms:
-        stages = check_pipeline_arm(arm, common)
-        per_seed = [_stage_success(pipeline_folder(arm, s, out_dir), stages) for s in seeds]
+        folders = [pipeline_folder(arm, s, out_dir) for s in seeds]
+        per_seed = [_stage_success(f, stages[arm.name]) for f in folders]
         for stage in per_seed[0]:
             values = [p[stage][1] for p in per_seed]
             rows.append(

@@ -24,6 +24,7 @@ adapters switched off.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import json
 import logging
@@ -253,6 +254,14 @@ class HFPolicy:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
         return cls(model, tokenizer, device=device)
+
+    def frozen_copy(self) -> HFPolicy:
+        """A copy of this policy's model, in eval mode and without gradients (its own KV
+        caches, default reuse settings): the frozen reference, a sampling copy."""
+        frozen = HFPolicy(copy.deepcopy(self.model).eval(), self.tokenizer, self.device)
+        for p in frozen.model.parameters():
+            p.requires_grad_(False)
+        return frozen
 
     def save(self, path: str | Path) -> None:
         """Save weights (safetensors) and tokenizer as an ordinary HF folder; a peft model

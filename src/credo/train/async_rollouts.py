@@ -36,7 +36,6 @@ sampled in the worker.
 from __future__ import annotations
 
 import contextvars
-import copy
 import json
 import queue
 import threading
@@ -48,6 +47,7 @@ from typing import Any
 
 from credo.envs.base import Task
 from credo.policy.hf import HFPolicy
+from credo.policy.kvcache import DEFAULT_KV_CACHE_MB
 from credo.rollout import RolloutResult
 
 __all__ = ["AsyncRollouts", "InFlight", "snapshot_policy"]
@@ -58,11 +58,8 @@ FOLDER = "async"
 
 def snapshot_policy(policy: HFPolicy, kv_reuse: tuple[bool, float]) -> HFPolicy:
     """A frozen copy of ``policy``'s weights for sampling (own KV caches)."""
-    model = copy.deepcopy(policy.model).eval()
-    snap = HFPolicy(model, policy.tokenizer, policy.device)
+    snap = policy.frozen_copy()
     snap.configure_kv_reuse(*kv_reuse)
-    for p in snap.model.parameters():
-        p.requires_grad_(False)
     return snap
 
 
@@ -89,7 +86,7 @@ class AsyncRollouts:
     """
 
     staleness: int
-    kv_reuse: tuple[bool, float] = (True, 512.0)
+    kv_reuse: tuple[bool, float] = (True, DEFAULT_KV_CACHE_MB)
     flights: dict[int, InFlight] = field(default_factory=dict)
     _jobs: queue.SimpleQueue[tuple[InFlight, Any, contextvars.Context] | None] = field(
         default_factory=queue.SimpleQueue

@@ -13,7 +13,6 @@ checkpoint; :meth:`TrainState.save` writes a checkpoint.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,11 +101,7 @@ class TrainState:
         if needs_reference and lora:
             reference = shared_reference(policy)
         elif needs_reference:
-            reference = HFPolicy(
-                copy.deepcopy(policy.model).eval(), policy.tokenizer, policy.device
-            )
-            for p in reference.model.parameters():
-                p.requires_grad_(False)
+            reference = policy.frozen_copy()
         factory = estimator_state_factory(cfg.credit.estimator)
         est_state = factory(**cfg.credit.state) if factory is not None else None
         smp_state = run.new_sampler_state()
