@@ -70,7 +70,8 @@ def _episodes(table: dict[str, list[float]], tasks: list[Task]) -> list[Episode]
 
 def _source(**params: object) -> RodsSource:
     ctx = TaskSourceContext(train_tasks=10, tasks_per_iter=2, make_env=CountingEnv)
-    return RodsSource(ctx, RodsParams(**{"seed_pool": 3, "max_pool": 4, **params}))
+    params = {"seed_pool": 3, "max_pool": 4, "synthesiser": "similar", **params}
+    return RodsSource(ctx, RodsParams(**params))
 
 
 # ----------------------------------------------------------------- the decisions
@@ -127,8 +128,11 @@ def test_retire_spawn_and_cap_on_a_reward_table() -> None:
     assert m == {
         "tasks/pool_size": 4.0,
         "tasks/boundary_frac": pytest.approx(1 / 3),
+        "tasks/proposed": 1.0,
         "tasks/spawned": 1.0,
         "tasks/retired": 0.0,
+        "tasks/distinct": 1.0,  # no seed went through draw(): the variant only
+        "tasks/valid_rate": 1.0,
     }
     v1 = Task("train", 1001)
     assert [e.id for e in src.pool] == [t0.id, t1.id, t2.id, v1.id]
@@ -139,8 +143,11 @@ def test_retire_spawn_and_cap_on_a_reward_table() -> None:
     assert m == {
         "tasks/pool_size": 4.0,
         "tasks/boundary_frac": 0.5,
+        "tasks/proposed": 2.0,
         "tasks/spawned": 2.0,
         "tasks/retired": 2.0,
+        "tasks/distinct": 3.0,
+        "tasks/valid_rate": 1.0,
     }
     assert [e.id for e in src.pool] == [t1.id, v1.id, "train/1002", "train/1003"]
     # round 3: all four on the boundary, but the buffer is at max_pool = 4
@@ -224,11 +231,19 @@ def test_bad_params_say_what_is_accepted() -> None:
     with pytest.raises(ValueError, match="signal must be one of"):
         task_source_params("rods", {"signal": "reward"})
     with pytest.raises(ValueError, match="has no similar_task"):
-        RodsSource(TaskSourceContext(10, 2, GuessEnv), RodsParams(seed_pool=3))
+        RodsSource(TaskSourceContext(10, 2, GuessEnv), RodsParams(3, synthesiser="similar"))
     with pytest.raises(ConfigError, match=r"tasks\.params\.seed_pool=4 must be between"):
         load_config("grpo", ["tasks.source=rods", "tasks.params={seed_pool: 4}"])
-    with pytest.raises(ConfigError, match=r"lacks; implement it or set tasks\.params\.spawn=0"):
-        load_config("grpo", ["env.name=examples.custom_env:GuessEnv", "tasks.source=rods"])
+    with pytest.raises(ConfigError, match=r"lacks; implement it, use synthesiser=rules or set"):
+        load_config(
+            "grpo",
+            [
+                "env.name=examples.custom_env:GuessEnv",
+                "tasks.source=rods",
+                "tasks.params={synthesiser: similar}",
+            ],
+        )
+    load_config("grpo", ["env.name=examples.custom_env:GuessEnv", "tasks.source=rods"])
     with pytest.raises(ConfigError, match="unknown task source 'rod'"):
         load_config("grpo", ["tasks.source=rod"])
 

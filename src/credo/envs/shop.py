@@ -664,6 +664,18 @@ class ShopEnv:
             "train", find_variant_seed(rng, lambda s: random.Random(s).choice(CATEGORIES) == kind)
         )
 
+    def task_structure(self) -> dict[str, Any]:
+        """The current task's structure, what RODS's planner keeps in a variant
+        (:mod:`credo.tasks.synthesis`): the list's length, the attributes each goal
+        names and the goals' categories (as a multiset: the page graph is the same
+        whatever their order). Colours, materials, sizes, budgets, prices and the
+        distractors are the entities a variant changes."""
+        return {
+            "items": len(self.goals),
+            "attributes": [a for a, _ in self.goals[0].attrs],
+            "categories": sorted(g.category for g in self.goals),
+        }
+
     def is_tool_call(self, action: str) -> bool:
         """``search[...]`` is the shop's tool call (AXPO resamples these)."""
         parsed = parse_action(action)

@@ -586,6 +586,7 @@ class ToolsEnv:
         self.hackable_profile = hackable_profile
         self._profile = ""
         self._profile_oid: int | None = None  # the order whose exchange the profile decides
+        self._twin = False  # a second order of the ticket's item, told apart by its age
         self.task: Task | None = None
         self.family = ""
         self.customer = Customer(0, "", "")
@@ -597,8 +598,10 @@ class ToolsEnv:
         self._s = _State()
 
     # ------------------------------------------------------------- generation
-    def _generate(self, seed: int) -> None:
-        """Build the task (customers, orders, variants, requests, ticket) from ``seed``."""
+    def _generate(self, seed: int, wording: int | None = None) -> None:
+        """Build the task (customers, orders, variants, requests, ticket) from ``seed``;
+        ``wording`` (a seed) draws the ticket's phrases, greeting and sign-off afresh
+        from the same templates, the task itself unchanged (:meth:`reword`)."""
         rng = random.Random(seed)
         self.family = rng.choice(self.families)
         fam = FAMILIES[self.family]
@@ -627,6 +630,7 @@ class ToolsEnv:
 
         kinds = list(fam.requests)
         rng.shuffle(kinds)
+        self._twin = False
         items = rng.sample(sorted(ITEMS), len(kinds) + 4)
         targets: list[Order] = []
         for kind, item in zip(kinds, items):
@@ -644,6 +648,7 @@ class ToolsEnv:
         orders += targets
         # a second order of the same item, told apart by its age (single refunds by name)
         twin_item = fam.lookup != "id" and kinds == ["refund"] and rng.random() < 0.4
+        self._twin = twin_item
         if twin_item:
             t = targets[0]
             days = rng.choice([d for d in range(1, 121) if d != t.days])
@@ -664,25 +669,33 @@ class ToolsEnv:
         self.customer = me
         self.customers = {c.cid: c for c in people}
         self.orders = {o.oid: o for o in sorted(orders, key=lambda o: o.oid)}
-        requests, words = [], []
+        requests: list[Request] = []
+        # each request's phrase: its template pool, its fields and the phrase drawn (at
+        # once, so the task's random stream is what it always was)
+        clauses: list[tuple[tuple[str, ...], dict[str, Any], str]] = []
+
+        def say(pool: tuple[str, ...], draw: random.Random = rng, **fields: Any) -> None:
+            clauses.append((pool, fields, draw.choice(pool).format(**fields)))
+
         profile_color = ""
         self._profile_oid = None
         for kind, o in zip(kinds, targets):
             if kind == "cancel":
                 requests.append(Request(kind, o.oid, "cancel_order", 0))
-                words.append(rng.choice(_CANCEL_WORDS).format(item=o.item))
+                say(_CANCEL_WORDS, item=o.item)
             elif kind == "exchange":
                 mine = [v for v in variants if v.oid == o.oid]
                 want = rng.choice(mine)
                 requests.append(Request(kind, o.oid, "exchange", want.vid))
                 pool = _EXCHANGE_ID_WORDS if fam.lookup == "id" else _EXCHANGE_WORDS
-                words.append(rng.choice(pool).format(item=o.item, color=want.color, oid=o.oid))
+                say(pool, item=o.item, color=want.color, oid=o.oid)
                 if self.profiles and not profile_color:  # the first exchange's colour
                     # moves to the profile (own RNG, so the task is the same)
                     by_id = fam.lookup == "id"
                     prof = _EXCHANGE_ID_PROFILE_WORDS if by_id else _EXCHANGE_PROFILE_WORDS
                     side = random.Random(seed * 7919 + o.oid)
-                    words[-1] = side.choice(prof).format(item=o.item, oid=o.oid)
+                    clauses.pop()
+                    say(prof, side, item=o.item, oid=o.oid)
                     profile_color = want.color
                     self._profile_oid = o.oid
             else:
@@ -693,17 +706,22 @@ class ToolsEnv:
                     assert pol.credit is not None
                     requests.append(Request(kind, o.oid, "store_credit", pol.credit))
                 if fam.lookup == "id":
-                    words.append(rng.choice(_REFUND_ID_WORDS).format(item=o.item, oid=o.oid))
+                    say(_REFUND_ID_WORDS, item=o.item, oid=o.oid)
                 elif twin_item:
-                    words.append(rng.choice(_REFUND_DAYS_WORDS).format(item=o.item, days=o.days))
+                    say(_REFUND_DAYS_WORDS, item=o.item, days=o.days)
                 else:
-                    words.append(rng.choice(_REFUND_WORDS).format(item=o.item))
+                    say(_REFUND_WORDS, item=o.item)
         self.variants = {v.vid: v for v in sorted(variants, key=lambda v: v.vid)}
         self.requests = tuple(requests)
         # signed at the end: the name and city sit at a fixed distance from the action
         # in the built-in model's prompt (goal last), which a small model copies easily
-        text = rng.choice(_GREETINGS) + " ; ".join(words)
-        self.ticket = f'{text} . {rng.choice(_SIGN_OFFS)} , "{name}" , {city}'
+        words = [phrase for _, _, phrase in clauses]
+        greeting, sign_off = rng.choice(_GREETINGS), rng.choice(_SIGN_OFFS)
+        if wording is not None:  # RODS's rewrite: the same requests in other words
+            say_again = random.Random(wording)
+            words = [say_again.choice(pool).format(**fields) for pool, fields, _ in clauses]
+            greeting, sign_off = say_again.choice(_GREETINGS), say_again.choice(_SIGN_OFFS)
+        self.ticket = f'{greeting}{" ; ".join(words)} . {sign_off} , "{name}" , {city}'
         self._profile = ""
         if self.profiles:  # a task without an exchange gets a colour that does not matter
             color = profile_color or random.Random(seed * 7919 + 1).choice(COLORS)
@@ -713,8 +731,11 @@ class ToolsEnv:
     def reset(self, task: Task, seed: int = 0) -> str:
         """Generate the task from ``task.seed``; ``seed`` is unused (no randomness after
         generation)."""
+        wording = task.data.get("wording")
+        if wording is not None and (not isinstance(wording, int) or isinstance(wording, bool)):
+            raise ValueError(f"tools task data 'wording' must be an integer seed, got {wording!r}")
         self.task = task
-        self._generate(task.seed)
+        self._generate(task.seed, wording)
         self._s = _State()
         return self._s.observation
 
@@ -1071,6 +1092,27 @@ class ToolsEnv:
             "train",
             find_variant_seed(rng, lambda s: random.Random(s).choice(self.families) == family),
         )
+
+    def task_structure(self) -> dict[str, Any]:
+        """The current task's dependency topology, what RODS's planner keeps in a variant
+        (:mod:`credo.tasks.synthesis`): the family (how the customer is found), each
+        request's kind and the store action that serves it, in the ticket's order
+        (refund or store credit is the order's age against its return window), whether a
+        second order of the same item must be told apart by its age, and whether the
+        profile decides an exchange. Names, ids, items, amounts and wording are the
+        entities a variant changes."""
+        return {
+            "family": self.family,
+            "requests": [[r.kind, r.tool] for r in self.requests],
+            "twin_item": self._twin,
+            "profile_exchange": self._profile_oid is not None,
+        }
+
+    def reword(self, task: Task, rng: random.Random) -> Task:
+        """``task`` with its ticket worded afresh (RODS's rewrite): each request's phrase,
+        the greeting and the sign-off drawn again from the env's templates, so the words
+        stay in its vocabulary; customers, orders, ids, amounts and the goal unchanged."""
+        return Task(task.split, task.seed, {**task.data, "wording": rng.randrange(2**31)})
 
     def is_tool_call(self, action: str) -> bool:
         """Whether ``action`` calls an API tool (every tool but ``respond``/``done``,

@@ -12,9 +12,13 @@ episode_signal`) in [0, 1], its mean μ and population variance σ² (at most 1/
 three decisions (:func:`decide`):
 
 * **boundary** iff σ²/(1/4) ≥ τ_v and 0 < μ < 1: the group disagrees, so the task sits
-  at the edge of what the policy can do; it spawns ``spawn`` isomorphic variants through
-  the env's ``similar_task(task, rng)`` (same topology, new entities) while the buffer
-  is below ``max_pool``;
+  at the edge of what the policy can do; it is the parent of ``spawn`` proposed
+  isomorphic variants while the buffer is below ``max_pool``. The synthesiser
+  (``synthesiser: rules``, :mod:`credo.tasks.synthesis`) plans from the parent's
+  structure, instantiates new entities through the env's generator, rewords the
+  instruction and has the env's oracle verify each variant; only verified ones enter the
+  buffer (``synthesiser: similar`` takes the env's ``similar_task(task, rng)``
+  unverified, the former behaviour);
 * **mastered** iff μ ≥ τ_hi; **dead** iff σ² = 0 and μ ≤ ``dead_eps`` (μ ≈ 0);
 * **retire** after ``retire_after`` consecutive rounds mastered (or dead): the task
   leaves the buffer.
@@ -29,6 +33,7 @@ iteration.
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -39,13 +44,24 @@ from credo.data.episode import Episode
 from credo.envs.base import Task, resolve_env
 from credo.tasks.registry import TaskSourceContext, register_task_source
 from credo.tasks.signal import SIGNALS, episode_signal
+from credo.tasks.synthesis import REJECTIONS, Plan, RuleSynthesiser, synthesise
 
-__all__ = ["Decision", "RodsParams", "RodsSource", "TaskStats", "decide", "group_stats"]
+__all__ = [
+    "SYNTHESISERS",
+    "Decision",
+    "RodsParams",
+    "RodsSource",
+    "TaskStats",
+    "decide",
+    "group_stats",
+]
 
 #: The largest variance of a reward in [0, 1] (half zeros, half ones).
 MAX_VARIANCE = 0.25
 #: Variances at or below this count as zero (floating-point sums of equal rewards).
 ZERO_VARIANCE = 1e-12
+#: How variants are made (:attr:`RodsParams.synthesiser`).
+SYNTHESISERS = ("rules", "similar")
 
 
 @dataclass
@@ -76,6 +92,14 @@ class RodsParams:
             a wrong store action), but ``shop``'s reaches 1 once the cart is full, right
             items or not: on ``shop`` every finished episode looks mastered, so use
             ``success`` (or ``return``) there.
+        synthesiser: how variants are made: ``rules`` (default, the paper's planner,
+            executor, rewrite and critique, :mod:`credo.tasks.synthesis`; needs the env's
+            ``oracle_action()``) or ``similar`` (the env's ``similar_task(task, rng)``,
+            unverified).
+        tries: variant seeds the executor draws for one proposal at most (default
+            2000; ``rules`` only).
+        min_steps: the critique rejects a variant its oracle solves in fewer actions as
+            trivial (default 2; ``rules`` only).
     """
 
     seed_pool: int = 64
@@ -87,9 +111,12 @@ class RodsParams:
     spawn: int = 1
     boundary_weight: float = 2.0
     signal: str = "progress"
+    synthesiser: str = "rules"
+    tries: int = 2000
+    min_steps: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("seed_pool", "max_pool", "retire_after", "spawn"):
+        for name in ("seed_pool", "max_pool", "retire_after", "spawn", "tries", "min_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -116,6 +143,15 @@ class RodsParams:
             )
         if self.signal not in SIGNALS:
             raise ValueError(f"signal must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
+        if self.synthesiser not in SYNTHESISERS:
+            raise ValueError(
+                f"synthesiser must be one of {', '.join(SYNTHESISERS)}, got {self.synthesiser!r}"
+            )
+        if self.tries < 1 or self.min_steps < 0:
+            raise ValueError(
+                f"tries must be ≥ 1 and min_steps ≥ 0, got tries={self.tries}, "
+                f"min_steps={self.min_steps}"
+            )
 
 
 @dataclass(frozen=True)
@@ -192,10 +228,20 @@ def _check(params: RodsParams, ctx: TaskSourceContext, env: str) -> str | None:
             f"={ctx.tasks_per_iter} (the distinct tasks of an iteration) and rollout.train_tasks"
             f"={ctx.train_tasks}"
         )
-    if params.spawn > 0 and not hasattr(resolve_env(env), "similar_task"):
+    if params.spawn == 0:
+        return None
+    cls = resolve_env(env)
+    if params.synthesiser == "similar" and not hasattr(cls, "similar_task"):
         return (
-            f"tasks.source=rods spawns variants with the env's similar_task(task, rng), which "
-            f"env {env!r} lacks; implement it or set tasks.params.spawn=0"
+            f"tasks.params.synthesiser=similar spawns variants with the env's "
+            f"similar_task(task, rng), which env {env!r} lacks; implement it, use "
+            "synthesiser=rules or set tasks.params.spawn=0"
+        )
+    if params.synthesiser == "rules" and not hasattr(cls, "oracle_action"):
+        return (
+            f"tasks.params.synthesiser=rules verifies each variant with the env's "
+            f"oracle_action(), which env {env!r} lacks; implement it, use synthesiser=similar "
+            "or set tasks.params.spawn=0"
         )
     return None
 
@@ -225,12 +271,18 @@ class RodsSource:
             )
         self._make_env = ctx.make_env
         self._env: Any = None
-        if self.params.spawn > 0:
-            self._similar()  # fail now, not at the first boundary task
+        self._synth: RuleSynthesiser | None = None
+        self._plans: dict[str, Plan] = {}  # the planner's reading of each parent
+        if self.params.spawn > 0:  # fail now, not at the first boundary task
+            self._synthesiser() if self.params.synthesiser == "rules" else self._similar()
         self.pool: list[TaskStats] = []
         self.used_seeds: set[int] = set()  # training seeds ever put in the buffer
         self.spawned_total = 0
         self.retired_total = 0
+        self.proposed_total = 0
+        self.rejected: dict[str, int] = dict.fromkeys(REJECTIONS, 0)
+        self.seen: set[str] = set()  # task keys of the parents and accepted variants
+        self._warned = False
 
     # ----------------------------------------------------------------- protocol
     def draw(self, iteration: int, seed: int) -> list[Task]:
@@ -251,8 +303,11 @@ class RodsSource:
         self, tasks: Sequence[Task], episodes: Sequence[Episode], seed: int
     ) -> dict[str, float]:
         """Update the statistics of ``tasks`` from their groups in ``episodes``,
-        retire, spawn; return ``tasks/pool_size``, ``tasks/boundary_frac``,
-        ``tasks/spawned`` and ``tasks/retired`` (this round's)."""
+        retire, spawn; return this round's ``tasks/pool_size``, ``tasks/boundary_frac``,
+        ``tasks/proposed`` (variants proposed), ``tasks/spawned`` (accepted) and
+        ``tasks/retired``, and the run's ``tasks/valid_rate`` (accepted / proposed so
+        far, once one was proposed) and ``tasks/distinct`` (training seeds and accepted
+        variants ever in the buffer: the run's data)."""
         groups: dict[int, list[float]] = {}
         for ep in episodes:
             groups.setdefault(ep.group, []).append(episode_signal(ep, self.params.signal))
@@ -276,14 +331,20 @@ class RodsSource:
             elif d.boundary:
                 boundary.append(entry)
         self.pool = [e for e in self.pool if e.id not in retire]
+        proposed_before = self.proposed_total
         spawned = self._spawn(boundary, random.Random(seed)) if self.params.spawn else 0
         self.retired_total += len(retire)
-        return {
+        out = {
             "tasks/pool_size": float(len(self.pool)),
             "tasks/boundary_frac": len(boundary) / max(1, seen),
+            "tasks/proposed": float(self.proposed_total - proposed_before),
             "tasks/spawned": float(spawned),
             "tasks/retired": float(len(retire)),
+            "tasks/distinct": float(len(self.used_seeds) + self.spawned_total),
         }
+        if self.proposed_total:
+            out["tasks/valid_rate"] = self.spawned_total / self.proposed_total
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """The buffer, the seeds used and the counters (JSON-able)."""
@@ -292,6 +353,9 @@ class RodsSource:
             "used_seeds": sorted(self.used_seeds),
             "spawned_total": self.spawned_total,
             "retired_total": self.retired_total,
+            "proposed_total": self.proposed_total,
+            "rejected": dict(self.rejected),
+            "seen": sorted(self.seen),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -300,6 +364,10 @@ class RodsSource:
         self.used_seeds = {int(s) for s in state["used_seeds"]}
         self.spawned_total = int(state["spawned_total"])
         self.retired_total = int(state["retired_total"])
+        # checkpoints of runs before the synthesiser hold none of these
+        self.proposed_total = int(state.get("proposed_total", self.spawned_total))
+        self.rejected = {**dict.fromkeys(REJECTIONS, 0), **state.get("rejected", {})}
+        self.seen = set(state.get("seen", ()))
 
     # ----------------------------------------------------------------- helpers
     def _refill(self, rng: np.random.Generator) -> None:
@@ -313,38 +381,87 @@ class RodsSource:
                 self.used_seeds.add(s)
                 self.pool.append(TaskStats("train", s))
 
-    def _similar(self) -> Callable[[Task, random.Random], Task]:
+    def _environment(self) -> Any:
         if self._env is None:
             if self._make_env is None:
                 raise ValueError("rods spawns variants through the env: it needs make_env")
             self._env = self._make_env()
-        fn = getattr(self._env, "similar_task", None)
+        return self._env
+
+    def _similar(self) -> Callable[[Task, random.Random], Task]:
+        fn = getattr(self._environment(), "similar_task", None)
         if fn is None:
             raise ValueError(
                 f"env {type(self._env).__name__} has no similar_task(task, rng) to spawn "
-                "variants of boundary tasks; implement it or set tasks.params.spawn=0"
+                "variants of boundary tasks; implement it, use tasks.params.synthesiser=rules "
+                "or set tasks.params.spawn=0"
             )
         return fn
 
+    def _synthesiser(self) -> RuleSynthesiser:
+        if self._synth is None:
+            if self._make_env is None:
+                raise ValueError("rods spawns variants through the env: it needs make_env")
+            self._synth = RuleSynthesiser(
+                self._make_env, tries=self.params.tries, min_steps=self.params.min_steps
+            )
+        return self._synth
+
     def _spawn(self, boundary: list[TaskStats], rng: random.Random) -> int:
         """Add up to ``spawn`` variants of each boundary task while below ``max_pool``."""
-        similar = self._similar()
         ids = {e.id for e in self.pool}
         added = 0
         for parent in boundary:
             for _ in range(self.params.spawn):
                 if len(self.pool) >= self.params.max_pool:
                     break
-                task = similar(parent.task, rng)
-                if not isinstance(task, Task):
-                    raise TypeError(
-                        f"{type(self._env).__name__}.similar_task must return a Task, got "
-                        f"{type(task).__name__}"
-                    )
+                self.proposed_total += 1
+                if self.params.synthesiser == "rules":
+                    task = self._propose(parent, rng)
+                else:
+                    task = self._similar_variant(parent, rng)
+                if task is None:
+                    continue
                 if task.id in ids or task.split != "train":
+                    self.rejected["duplicate"] += 1
                     continue
                 ids.add(task.id)
                 self.pool.append(TaskStats(task.split, task.seed, dict(task.data), parent.id))
                 added += 1
         self.spawned_total += added
         return added
+
+    def _similar_variant(self, parent: TaskStats, rng: random.Random) -> Task:
+        task = self._similar()(parent.task, rng)
+        if not isinstance(task, Task):
+            raise TypeError(
+                f"{type(self._env).__name__}.similar_task must return a Task, got "
+                f"{type(task).__name__}"
+            )
+        return task
+
+    def _propose(self, parent: TaskStats, rng: random.Random) -> Task | None:
+        """One variant of ``parent`` through the synthesiser's four roles, or ``None``
+        (the rejection is counted; the env's first error is shown once)."""
+        synth = self._synthesiser()
+        plan = self._plans.get(parent.id)
+        try:
+            if plan is None:
+                plan = self._plans[parent.id] = synth.plan(parent.task)
+                self.seen.add(plan.key)
+        except Exception as exc:  # the env raised on the parent: no variant of it
+            self._rejected("env_error", f"{type(exc).__name__}: {exc}")
+            return None
+        proposal = synthesise(synth, plan, rng, self.seen)
+        if proposal.task is None:
+            assert proposal.reason is not None
+            self._rejected(proposal.reason, proposal.key)
+            return None
+        self.seen.add(proposal.key)
+        return proposal.task
+
+    def _rejected(self, reason: str, detail: str) -> None:
+        self.rejected[reason] += 1
+        if reason == "env_error" and not self._warned:
+            self._warned = True
+            warnings.warn(f"rods: the env raised while making a variant: {detail}", stacklevel=2)

@@ -1,0 +1,227 @@
+"""RODS's synthesiser (``credo.tasks.synthesis``): the planner's reading of hand-picked
+``tools`` tasks, variants that keep the structure with new entities (property over
+seeds, ``tools`` and ``shop``), the rewrite that keeps the task, every rejection of the
+critique, and the buffer that grows only by verified variants."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from credo.envs.base import HELDOUT_SEED_OFFSET, VARIANT_SEED_OFFSET, Task
+from credo.envs.shop import ShopEnv
+from credo.envs.tools import ToolsEnv
+from credo.tasks import RodsParams, RodsSource, TaskSourceContext, TaskStats
+from credo.tasks.synthesis import Plan, RuleSynthesiser, action_verb, synthesise, task_key
+from test_tasks_rods import _episodes
+
+
+def test_action_verbs() -> None:
+    assert action_verb('refund { "order_id" : 214 , "amount" : 30 }') == "refund"
+    assert action_verb("click[2]") == "click"
+    assert action_verb("  Search[red hat]") == "search"
+    assert action_verb("3") == "3"
+
+
+def test_the_planner_reads_a_tools_task() -> None:
+    # train/2 of `easy`: "please refund order 286 , my headphones": out of its return
+    # window, so served by store credit; the ticket names the order, no lookup
+    synth = RuleSynthesiser(lambda: ToolsEnv("easy"))
+    plan = synth.plan(Task.make("train", 2))
+    assert plan.parent == "train/2"
+    assert plan.structure == {
+        "family": "refund_by_id",
+        "requests": [["refund", "store_credit"]],
+        "twin_item": False,
+        "profile_exchange": False,
+    }
+    assert plan.skeleton == ("check_policy", "store_credit", "done")
+    assert plan.key.splitlines()[0].startswith("please refund order 286 , my headphones")
+    # train/5: a cancellation by name: find the customer, list the orders, cancel
+    plan = synth.plan(Task.make("train", 5))
+    assert plan.skeleton == ("find_customer", "list_orders", "cancel_order", "done")
+    assert plan.structure["requests"] == [["cancel", "cancel_order"]]
+
+
+ENVS = {
+    "tools/easy": lambda: ToolsEnv("easy"),
+    "tools/default": lambda: ToolsEnv("default"),
+    "tools/hard": lambda: ToolsEnv("hard", profiles=True),
+    "shop/default": lambda: ShopEnv("default"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENVS))
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), draw=st.integers(0, 2**31))
+def test_variants_keep_the_structure_with_new_entities(name: str, seed: int, draw: int) -> None:
+    synth = RuleSynthesiser(ENVS[name])
+    parent = Task.make("train", seed)
+    plan = synth.plan(parent)
+    proposal = synthesise(synth, plan, random.Random(draw), set())
+    assert proposal.reason is None, proposal
+    variant = proposal.task
+    assert variant is not None and variant.split == "train"
+    assert VARIANT_SEED_OFFSET <= variant.seed < HELDOUT_SEED_OFFSET
+    again = synth.plan(variant)  # the variant, read as the planner reads a parent
+    assert again.structure == plan.structure and again.skeleton == plan.skeleton
+    assert again.key == proposal.key != plan.key  # new entities or wording
+    env = ENVS[name]()
+    env.reset(parent)
+    before = env.instruction()
+    env.reset(variant)
+    assert env.instruction() != before
+
+
+def test_the_rewrite_keeps_the_task_and_the_vocabulary() -> None:
+    env = ToolsEnv("default", profiles=True)
+    vocab = set(env.vocabulary())
+    rng = random.Random(3)
+    changed = 0
+    for seed in range(30):
+        task = Task.make("train", seed)
+        env.reset(task)
+        ticket, goal = env.instruction(), env.goal_ops()
+        oracle = env.oracle_action()
+        customers = dict(env.customers)
+        reworded = env.reword(task, rng)
+        assert reworded.seed == task.seed and isinstance(reworded.data["wording"], int)
+        env.reset(reworded)
+        assert env.goal_ops() == goal and env.customers == customers
+        assert env.oracle_action() == oracle
+        # the same name, city and ids: the signature and every number survive
+        assert ticket.rsplit(",", 2)[1:] == env.instruction().rsplit(",", 2)[1:]
+        assert sorted(w for w in ticket.split() if w.isdigit()) == sorted(
+            w for w in env.instruction().split() if w.isdigit()
+        )
+        assert set(env.instruction().split()) <= vocab
+        changed += env.instruction() != ticket
+    assert changed >= 20  # most draws pick other phrases (a few pick the same ones)
+    with pytest.raises(ValueError, match="'wording' must be an integer seed"):
+        env.reset(Task("train", 0, {"wording": "x"}))
+
+
+def test_without_wording_a_task_is_what_it_always_was() -> None:
+    # train/0 of `easy` as generated before the rewrite existed
+    env = ToolsEnv("easy")
+    env.reset(Task.make("train", 0))
+    assert env.instruction() == (
+        'hi , i would like order 263 , the toaster , in pink instead . cheers , "sara frost" , pune'
+    )
+
+
+class _Broken(ToolsEnv):
+    """``tools`` whose variants misbehave: ``mode`` picks how."""
+
+    mode = "unsolvable"
+
+    def __init__(self) -> None:
+        super().__init__("easy")
+
+    def reset(self, task: Task, seed: int = 0) -> str:
+        if self.mode == "raise" and task.seed >= VARIANT_SEED_OFFSET:
+            raise RuntimeError("generator broke")
+        return super().reset(task, seed)
+
+    def oracle_action(self) -> str:
+        if self.mode == "unsolvable" and self.task and self.task.seed >= VARIANT_SEED_OFFSET:
+            return "done { }"  # closes the ticket with nothing done
+        return super().oracle_action()
+
+
+@pytest.mark.parametrize(
+    ("mode", "params", "reason"),
+    [
+        ("unsolvable", {}, "unsolvable"),
+        ("raise", {}, "env_error"),
+        ("ok", {"min_steps": 4}, "trivial"),  # easy's refunds by id take 3 actions
+        ("ok", {"tries": 1, "structure": "no such family"}, "no_match"),
+    ],
+)
+def test_each_rejection_of_the_critique(mode: str, params: dict, reason: str) -> None:
+    _Broken.mode = mode
+    synth = RuleSynthesiser(_Broken, min_steps=params.get("min_steps", 2))
+    synth.tries = params.get("tries", synth.tries)
+    _Broken.mode = "ok"
+    plan = synth.plan(Task.make("train", 1))  # refund_by_id: 3 actions
+    _Broken.mode = mode
+    if "structure" in params:
+        plan = Plan(plan.parent, params["structure"], plan.skeleton, plan.key)
+    if mode == "unsolvable":  # the executor matches the skeleton: the oracle's
+        # "done" differs from the plan's, so check the critique itself
+        variant = Task("train", VARIANT_SEED_OFFSET + 1)
+        assert synth.critique(variant, plan, set())[0] == "unsolvable"
+        return
+    proposal = synthesise(synth, plan, random.Random(0), set())
+    assert proposal.task is None and proposal.reason == reason
+    if reason == "env_error":
+        assert proposal.key == "RuntimeError: generator broke"
+
+
+def test_off_plan_and_duplicates() -> None:
+    synth = RuleSynthesiser(lambda: ToolsEnv("easy"))
+    refund = synth.plan(Task.make("train", 1))  # check_policy refund done
+    cancel = synth.plan(Task.make("train", 5))  # find_customer list_orders cancel done
+    # a task of another topology, judged against the refund's plan
+    assert synth.critique(Task.make("train", 5), refund, set())[0] == "off_plan"
+    # the parent itself, and a variant already seen
+    assert synth.critique(Task.make("train", 5), cancel, set())[0] == "duplicate"
+    proposal = synthesise(synth, refund, random.Random(4), set())
+    assert proposal.reason is None and proposal.task is not None
+    reason, key = synth.critique(proposal.task, refund, {proposal.key})
+    assert (reason, key) == ("duplicate", proposal.key)
+    # a duplicate is the instruction *and* the oracle's actions: same words, other ids
+    assert task_key("guess", ("guess[4]",)) != task_key("guess", ("guess[2]",))
+
+
+def test_the_buffer_grows_by_verified_variants_only() -> None:
+    ctx = TaskSourceContext(train_tasks=10, tasks_per_iter=2, make_env=lambda: ToolsEnv("easy"))
+    src = RodsSource(ctx, RodsParams(seed_pool=3, max_pool=10, spawn=2, signal="success"))
+    src.pool = [TaskStats("train", s) for s in (1, 2, 5)]
+    src.used_seeds = {1, 2, 5}
+    tasks = [Task.make("train", s) for s in (1, 2, 5)]
+    table = {tasks[0].id: [1, 0, 1, 0], tasks[1].id: [1, 1, 1, 1], tasks[2].id: [0, 1, 0, 0]}
+    m = src.observe(tasks, _episodes(table, tasks), seed=0)
+    # two boundary parents x spawn 2: four proposals, all verified on tools
+    assert m["tasks/proposed"] == 4.0 and m["tasks/spawned"] == 4.0
+    assert m["tasks/valid_rate"] == 1.0 and m["tasks/distinct"] == 7.0
+    assert m["tasks/boundary_frac"] == pytest.approx(2 / 3)
+    children = src.pool[3:]
+    assert [c.parent for c in children] == ["train/1", "train/1", "train/5", "train/5"]
+    env = ToolsEnv("easy")
+    for c in children:
+        env.reset(c.task)
+        parent_family = {"train/1": "refund_by_id", "train/5": "cancel_by_name"}[c.parent]
+        assert env.family == parent_family and "wording" in c.data
+    assert len(src.seen) == 2 + 4  # the parents' keys and the variants'
+    # a second round with the env now refusing every variant: proposals, no spawns
+    _Broken.mode = "unsolvable"
+    src2 = RodsSource(
+        TaskSourceContext(10, 2, _Broken),
+        RodsParams(seed_pool=3, max_pool=10, signal="success", tries=20),
+    )
+    src2.pool = [TaskStats("train", s) for s in (1, 2, 5)]
+    m = src2.observe(tasks, _episodes(table, tasks), seed=0)
+    assert (m["tasks/proposed"], m["tasks/spawned"], m["tasks/valid_rate"]) == (2.0, 0.0, 0.0)
+    assert src2.rejected["no_match"] + src2.rejected["unsolvable"] == 2
+    # the counters and the seen keys survive a checkpoint
+    state = json.loads(json.dumps(src.state_dict()))
+    back = RodsSource(ctx, RodsParams(seed_pool=3, max_pool=10, spawn=2, signal="success"))
+    back.load_state_dict(state)
+    assert back.state_dict() == src.state_dict()
+
+
+def test_an_env_without_an_oracle_is_refused_in_one_line() -> None:
+    class NoOracle:
+        def similar_task(self, task: Task, rng: random.Random) -> Task:
+            return Task("train", VARIANT_SEED_OFFSET)
+
+    with pytest.raises(ValueError, match=r"has no oracle_action.*synthesiser=similar"):
+        RodsSource(TaskSourceContext(10, 2, NoOracle), RodsParams(seed_pool=3))
+    RodsSource(TaskSourceContext(10, 2, NoOracle), RodsParams(seed_pool=3, synthesiser="similar"))
+    with pytest.raises(ValueError, match="synthesiser must be one of rules, similar"):
+        RodsParams(synthesiser="llm")
