@@ -322,6 +322,7 @@ def test_rods_works_with_samplers_and_estimators(
 ) -> None:
     res = _rods_run(tmp_path, recipe, recipe, 2, extra)
     for r in res.metrics:
-        assert 6 <= r["tasks/pool_size"] <= 10
+        # seed_pool 6 less this round's retirements (at most its 4 tasks), cap 10
+        assert 6 - 4 <= r["tasks/pool_size"] <= 10
         assert 0 <= r["tasks/boundary_frac"] <= 1
         assert r["tasks/spawned"] >= 0 and r["tasks/retired"] >= 0
