@@ -212,7 +212,7 @@ def test_loading_run_checkpoint_and_hf_folders(tmp_path) -> None:
         torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-6, rtol=0)
         assert got.topk_ids is not None and want.topk_ids is not None
         assert torch.equal(got.topk_ids, want.topk_ids)
-    assert sorted(teacher_names()) == ["ema", "hf", "run", "self"]
+    assert sorted(teacher_names()) == ["ema", "frozen", "hf", "run", "self"]
     assert make_teacher("ema", student, ema_decay=0.5).decay == 0.5  # type: ignore[attr-defined]
 
 
@@ -448,3 +448,24 @@ def test_renyi_pieces_with_a_self_teacher_and_a_frozen_reference() -> None:
         loss.backward()
         opt.step()
     assert values[-1] < 0.5 * values[0], values
+
+
+def test_a_frozen_teacher_keeps_the_warm_starts_reading() -> None:
+    """``teacher.kind: frozen`` scores with the run's frozen reference: after the student
+    moves, its scores are the warm start's, where the self-teacher's moved with it."""
+    student = _policy(seed=5)
+    reference = student.frozen_copy()
+    rows, _, _ = _rows(student)
+    renderer = PlainRenderer(student.tokenizer)
+    hint = privileged_prompts(renderer, [("red shirt", [], "home")] * 3, ["click [ 2 ]"] * 3)
+    teacher_rows = TeacherRows(rows.input_ids, rows.attention_mask, rows.response_mask, hint)
+    frozen, own = make_teacher("frozen", reference), make_teacher("self", student)
+    before = frozen.score(teacher_rows).logprobs
+    torch.testing.assert_close(before, own.score(teacher_rows).logprobs)  # equal at the start
+    with torch.no_grad():  # the student takes a step
+        for p in student.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    m = rows.response_mask
+    assert bool((frozen.score(teacher_rows).logprobs[m] == before[m]).all())
+    assert float((own.score(teacher_rows).logprobs[m] - before[m]).abs().max()) > 1e-3
+    assert "frozen" in teacher_names()

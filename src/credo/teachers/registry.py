@@ -8,6 +8,9 @@ accepts ``micro_batch`` and ``temperature``. Built-in kinds:
 - ``hf``: a Hugging Face model (or LoRA adapter) folder given directly; needs ``path``.
 - ``self``: the student itself with privileged context (:class:`SelfTeacher`).
 - ``ema``: an EMA copy of the student (:class:`EMATeacher`, ``ema_decay``).
+- ``frozen``: the run's frozen reference (the warm start) reading privileged context: a
+  self-teacher that does not move with the student (Rényi OPSD's fix for a self-teacher
+  that forgets its reading, ``docs/studies/renyi-opsd-lights.md``).
 
 Path-based teachers are checked against the student (vocabulary size, tokenizer) before
 their weights load (:mod:`credo.teachers.loading`).
@@ -34,6 +37,7 @@ __all__ = [
     "teacher_names",
     "teacher_needs_path",
     "teacher_settings",
+    "teacher_uses_reference",
     "validate_teacher",
 ]
 
@@ -42,7 +46,12 @@ TEACHERS: Registry[TeacherFactory] = Registry("teacher")
 
 
 def register_teacher(
-    name: str, *, needs_path: bool = False, student: bool = False, privileged: bool = False
+    name: str,
+    *,
+    needs_path: bool = False,
+    student: bool = False,
+    privileged: bool = False,
+    reference: bool = False,
 ) -> Callable[[TeacherFactory], TeacherFactory]:
     """Decorator: make ``fn(student, **knobs) -> Teacher`` available as ``teacher.kind``.
 
@@ -57,8 +66,13 @@ def register_teacher(
             ``teacher.base_path`` are refused).
         privileged: it differs from the student only by the privileged context it reads
             (``teacher.privileged`` is required).
+        reference: it is made from the run's frozen reference (the warm start), which
+            the factory gets in place of the student: the run keeps one (and restores
+            it on resume).
     """
-    return TEACHERS.register(name, needs_path=needs_path, student=student, privileged=privileged)
+    return TEACHERS.register(
+        name, needs_path=needs_path, student=student, privileged=privileged, reference=reference
+    )
 
 
 def teacher_names() -> list[str]:
@@ -68,6 +82,12 @@ def teacher_names() -> list[str]:
 def teacher_needs_path(kind: str) -> bool:
     """Whether teacher ``kind`` loads ``teacher.path`` (registered ``needs_path``)."""
     return bool(TEACHERS.meta(kind)["needs_path"])
+
+
+def teacher_uses_reference(kind: str | None) -> bool:
+    """Whether teacher ``kind`` is made from the run's frozen reference (registered
+    ``reference``)."""
+    return kind is not None and bool(TEACHERS.meta(kind)["reference"])
 
 
 def teacher_settings(kind: str) -> tuple[str, ...]:
@@ -134,6 +154,16 @@ def hf_teacher(
 def self_teacher(student: HFPolicy, *, micro_batch: int = 16, temperature: float = 1.0) -> Teacher:
     """The student with privileged context (shares its weights)."""
     return SelfTeacher(student, micro_batch=micro_batch, temperature=temperature)
+
+
+@register_teacher("frozen", student=True, privileged=True, reference=True)
+def frozen_teacher(
+    reference: HFPolicy, *, micro_batch: int = 16, temperature: float = 1.0
+) -> Teacher:
+    """The run's frozen reference (the warm start; under LoRA the base model) reading
+    privileged context: the self-teacher as it was when RL began, which keeps its
+    reading while the student moves."""
+    return PolicyTeacher(reference, name="frozen", micro_batch=micro_batch, temperature=temperature)
 
 
 @register_teacher("ema", student=True)

@@ -51,7 +51,7 @@ from credo.teachers.folders import oprd_base_path, oprd_teacher_pairs, require_t
 from credo.teachers.loading import check_teacher_folder, load_teacher_policy, resolve_policy_folder
 from credo.teachers.pool import PoolPlay, TeacherPool, pool_labels
 from credo.teachers.privileged import privileged_prompts
-from credo.teachers.registry import make_teacher, teacher_settings
+from credo.teachers.registry import make_teacher, teacher_settings, teacher_uses_reference
 from credo.teachers.routes import RouteInputs, teacher_route
 from credo.teachers.sanitise import sanitise
 from credo.teachers.scoring import FULL_MAX_VOCAB
@@ -221,7 +221,11 @@ class Teaching:
         common: dict[str, Any] = {"micro_batch": t.micro_batch, "temperature": t.temperature}
         params = dict(common)
         params.update({k: getattr(t, k) for k in teacher_settings(t.kind)})
-        teacher = make_teacher(t.kind, policy, **params)
+        if teacher_uses_reference(t.kind) and reference is None:
+            raise ValueError(f"teacher.kind={t.kind} reads the run's frozen reference: it has none")
+        teacher = make_teacher(
+            t.kind, reference if teacher_uses_reference(t.kind) else policy, **params
+        )
         base_path = oprd_base_path(t)
         base = make_teacher("run", policy, path=base_path, **common) if base_path else None
         more = [

@@ -590,7 +590,8 @@ class TeacherConfig:
         kind: ``None`` (default: no teacher), ``run`` (a finished credo run folder, a
             checkpoint folder ``RUN/checkpoints/step_N`` or a model folder), ``hf`` (a
             Hugging Face model folder), ``self`` (the student itself, reading privileged
-            context) or ``ema`` (an EMA copy of the student). A teacher must share the
+            context), ``frozen`` (the run's frozen reference, the warm start, reading
+            privileged context) or ``ema`` (an EMA copy of the student). A teacher must share the
             student's tokenizer and vocabulary (checked before any compute).
         path: the folder of a ``run`` or ``hf`` teacher (default ``None``).
         base_path: the base model of an OPRD teacher (``route: oprd``): default ``None``

@@ -12,6 +12,7 @@ from typing import Any
 
 from credo.objectives import loss_needs
 from credo.teachers.pool import greedy_play
+from credo.teachers.registry import teacher_uses_reference
 from credo.teachers.teaching import Lesson, Teaching, check_teacher_inputs
 from credo.train.parts.base import IterationData, Part, PartContext, register_part
 
@@ -21,6 +22,7 @@ __all__ = ["TeacherPart"]
 @register_part(
     "teacher",
     when=lambda cfg: cfg.teacher.enabled,
+    needs=lambda cfg: {"reference"} if teacher_uses_reference(cfg.teacher.kind) else set(),
     texts=lambda cfg: cfg.teacher.rollout_texts(),
     check=lambda cfg, run: check_teacher_inputs(cfg.teacher, run.policy),
 )
