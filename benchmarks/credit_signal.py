@@ -22,7 +22,9 @@ from the same forest:
 - the size of each estimator's advantages: ``|A|`` median, 99th percentile and share of
   rows above 3 (:func:`credo.credit.advantage_stats`), against GRPO's, and the share of
   invalid-action rows it pushes up (A > 0: an invalid action inside a good episode);
-- ProAS's progress labels with a graph grown from this forest's successes: its edges,
+- ProAS's progress labels with a graph grown from this forest's successes, over the
+  env's goal-relative abstract states and over the generic ones (the verb of the last
+  accepted action, no goal read): its edges,
   the share of failed episodes' rows it spares (``spare=reasonable``: every on-graph
   step; ``spare=progress``: on-graph steps that also bring the state closer to a goal),
   and how much of GRPO's negative and positive advantage mass survives the shaping.
@@ -47,7 +49,7 @@ from _common import print_table, warm_policy
 
 from credo.credit import advantage_stats, compute_advantages
 from credo.credit.gigpo import gigpo_episode_advantage, gigpo_step_advantage
-from credo.credit.proas import ProgressGraph, progress_labels
+from credo.credit.proas import ABSTRACTIONS, ProgressGraph, progress_labels, progress_states
 from credo.envs.base import Task
 from credo.train.config import load_config
 
@@ -68,28 +70,35 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
 
 def proas_rows(f: Any, base: torch.Tensor) -> list[list[str]]:
     """ProAS's labels with a graph grown from this forest's successes (update first),
-    for both rules of what a failed episode spares (``spare``: reasonable, progress)."""
-    graph = ProgressGraph()
-    graph.update(f)
-    reasonable, progress = progress_labels(f, graph)
+    for both sources of abstract states (``abstraction``: the env's goal-relative
+    ``abstract_state_key()``; ``generic``, the verb of the last accepted action) and
+    both rules of what a failed episode spares (``spare``: reasonable, progress)."""
     ep = f.episodes()
     row_success = f.episode_values_to_rows(ep.success.double()) > 0.5
     failed = ~row_success
-    rows = [
-        ["progress graph edges", f"{graph.num_edges}"],
-        ["distinct abstract states", f"{len(f.extras['abstract_state'].unique())}"],
-    ]
-    for spare, spared in (("reasonable", reasonable), ("progress", reasonable & progress)):
-        params = {"update_first": True, "spare": spare}
-        shaped = compute_advantages("proas", f, params, None).double()
-        neg = (base.clamp(max=0).abs().sum(), shaped.clamp(max=0).abs().sum())
-        pos = (base.clamp(min=0).sum(), shaped.clamp(min=0).sum())
-        share = float(spared[failed].float().mean()) if failed.any() else float("nan")
+    rows = []
+    for abstraction in ABSTRACTIONS:
+        graph = ProgressGraph(abstraction=abstraction)
+        graph.update(f)
+        reasonable, progress = progress_labels(f, graph)
+        states = progress_states(f, abstraction)[1]
         rows += [
-            [f"spare={spare}: failed episodes' rows spared", f"{share:.1%}"],
-            [f"spare={spare}: GRPO negative mass kept", f"{float(neg[1] / neg[0]):.1%}"],
-            [f"spare={spare}: GRPO positive mass kept", f"{float(pos[1] / pos[0]):.1%}"],
+            [f"{abstraction}: progress graph edges", f"{graph.num_edges}"],
+            [f"{abstraction}: distinct abstract states", f"{len(states.unique())}"],
         ]
+        for spare, spared in (("reasonable", reasonable), ("progress", reasonable & progress)):
+            params = {"update_first": True, "spare": spare}
+            state = ProgressGraph(abstraction=abstraction)
+            shaped = compute_advantages("proas", f, params, state).double()
+            neg = (base.clamp(max=0).abs().sum(), shaped.clamp(max=0).abs().sum())
+            pos = (base.clamp(min=0).sum(), shaped.clamp(min=0).sum())
+            share = float(spared[failed].float().mean()) if failed.any() else float("nan")
+            label = f"{abstraction}, spare={spare}"
+            rows += [
+                [f"{label}: failed episodes' rows spared", f"{share:.1%}"],
+                [f"{label}: GRPO negative mass kept", f"{float(neg[1] / neg[0]):.1%}"],
+                [f"{label}: GRPO positive mass kept", f"{float(pos[1] / pos[0]):.1%}"],
+            ]
     return rows
 
 

@@ -15,8 +15,15 @@ from credit_forests_b import forests, group_rows, reorder, topological_shuffle
 from credit_reference_b import proas_reference
 from credo.credit import compute_advantages, estimator_state_factory, validate_estimator
 from credo.credit.grpo import episode_group_advantage, grpo
-from credo.credit.proas import ProgressGraph, action_type, proas, progress_labels
+from credo.credit.proas import (
+    ProgressGraph,
+    action_type,
+    generic_states,
+    proas,
+    progress_labels,
+)
 from credo.data import RolloutForest
+from credo.data.ops import hash_key
 
 R2 = 1 / math.sqrt(2)  # GRPO advantage of a two-episode group with one success: ±0.70711
 
@@ -550,3 +557,48 @@ def test_negative_episode_keeps_total_penalty(
             path = ep.path(e)
             n_unmasked = int((~reasonable[path]).sum()) if knobs["mask_negative"] else path.numel()
             assert float(adv[path].sum()) == pytest.approx(float(base[e]) * n_unmasked, abs=1e-4)
+
+
+# ------------------------------------------------------- env-agnostic abstract states
+def test_generic_states_read_only_the_verbs_of_accepted_actions() -> None:
+    # E0 succeeds: search, click, buy. E1 fails: search, an action the env rejected,
+    # click on another item, back. The env's own states (9s) are ignored.
+    #   E0 states: start→search, search→click, click→buy
+    #   E1 states: start→search, search→search (rejected), search→click, click→back
+    forest = build(
+        chain(0, [(9, 9)] * 3, reward=1.0, success=True),
+        chain(0, [(9, 9)] * 4, reward=0.0, success=False),
+        actions=["search[red hat]", "click[2]", "buy", "search[hat]", "dance", "click[1]", "back"],
+        valid=[True, True, True, True, False, True, True],
+    )
+    s, s2 = generic_states(forest)
+    h = {name: hash_key(name) for name in ("start", "search", "click", "buy", "back")}
+    assert s.tolist() == [
+        h[k] for k in ("start", "search", "click", "start", "search", "search", "click")
+    ]
+    assert s2.tolist() == [
+        h[k] for k in ("search", "click", "buy", "search", "search", "click", "back")
+    ]
+    # G from E0 (generic): start→search→click→buy, goal buy: d = 3, 2, 1, 0
+    g = ProgressGraph(abstraction="generic")
+    g.update(forest)
+    assert g.num_edges == 3 and g.num_goals == 1
+    reasonable, progress = progress_labels(forest, g)
+    assert reasonable.tolist() == [True, True, True, True, False, True, False]
+    assert progress.tolist() == [True, True, True, True, False, True, False]
+    # the same forest with the env's states learns nothing: every step is 9 → 9
+    env_graph = ProgressGraph()
+    env_graph.update(forest)
+    assert env_graph.num_edges == 0
+    # ProAS on it: A = ±0.70711 (GRPO, R = 1, 0); E0's steps are all reasonable (kept);
+    # E1 spares start→search and search→click (reasonable and progress), and the
+    # rejected step and `back` share E1's penalty −0.70711 · 2 by Future-Drift: drift
+    # (steps from t on that make no progress) is 2 for the rejected step (itself and
+    # back), 1 for back: −1.41421 · 2/3 and · 1/3
+    adv = proas(forest, state=ProgressGraph(abstraction="generic"), update_first=True,
+                spare="progress")  # fmt: skip
+    close(adv, [0.70711, 0.70711, 0.70711, 0.0, -0.94281, 0.0, -0.47140])
+    with pytest.raises(ValueError, match="read the action texts"):
+        generic_states(build(chain(0, [(1, 2)], reward=0.0, success=False)))
+    with pytest.raises(ValueError, match="abstraction must be one of"):
+        ProgressGraph(abstraction="page")

@@ -76,8 +76,10 @@ from credo.data import EpisodeIndex, RolloutForest
 from credo.data.ops import compact_ids, hash_key, segment_mean, segment_sum
 
 __all__ = [
+    "ABSTRACTIONS",
     "ProgressGraph",
     "action_type",
+    "generic_states",
     "proas",
     "progress_labels",
     "progress_states",
@@ -100,12 +102,49 @@ def action_type(action: str) -> str:
     return words[0].lower() if words else ""
 
 
-def progress_states(forest: RolloutForest) -> tuple[torch.Tensor, torch.Tensor]:
+def generic_states(forest: RolloutForest) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s [N], s' [N])`` env-agnostic abstract states (``abstraction="generic"``).
+
+    What any env gives: the state after a step is the verb (:func:`action_type`) of the
+    last action the env accepted, i.e. the page or the tool result the observation
+    shows (``search`` → results, ``click`` → an item page; ``list_orders`` → the orders);
+    ``start`` before any. A step the env rejected leaves the state where it was. Nothing
+    reads the goal: a step toward a wrong item moves as a step toward the right one, and
+    only the graph of successful sessions tells them apart.
+    """
+    n = forest.num_rows
+    if n and len(forest.actions) != n:
+        raise ValueError("ProAS's generic states read the action texts (forest.actions): none")
+    parent, valid = forest.parent.tolist(), forest.valid.tolist()
+    after: list[str] = []
+    s, s2 = torch.empty(n, dtype=torch.long), torch.empty(n, dtype=torch.long)
+    for i in range(n):  # a row's parent is added before it (ForestBuilder)
+        if parent[i] >= i:
+            raise ValueError(f"row {i}'s parent {parent[i]} comes after it")
+        before = "start" if parent[i] < 0 else after[parent[i]]
+        after.append(action_type(forest.actions[i]) if valid[i] else before)
+        s[i], s2[i] = hash_key(before), hash_key(after[i])
+    return s, s2
+
+
+#: Where ProAS's abstract states come from (``ProgressGraph(abstraction=...)``).
+ABSTRACTIONS = ("env", "generic")
+
+
+def progress_states(
+    forest: RolloutForest, abstraction: str = "env"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s [N], s' [N])`` int64 abstract progress states of each row.
 
-    ``forest.extras["abstract_state"]`` / ``["abstract_next_state"]`` when the sampler
-    provides them (both or neither), else the ``state`` / ``next_state`` columns.
+    ``abstraction="env"``: ``forest.extras["abstract_state"]`` /
+    ``["abstract_next_state"]`` (the env's ``abstract_state_key()``, goal-relative on
+    ``shop`` and ``tools``) when the sampler provides them (both or neither), else the
+    ``state`` / ``next_state`` columns. ``"generic"``: :func:`generic_states`.
     """
+    if abstraction == "generic":
+        return generic_states(forest)
+    if abstraction != "env":
+        raise ValueError(f"abstraction must be one of {ABSTRACTIONS}, got {abstraction!r}")
     ex = forest.extras
     has_s, has_n = "abstract_state" in ex, "abstract_next_state" in ex
     if has_s != has_n:
@@ -182,6 +221,10 @@ class ProgressGraph:
         prune_seed: seed of that pruning. Default 0.
         include_self_loops: merge steps with s' = s too. Default False.
         include_invalid: merge steps whose action the env rejected too. Default False.
+        abstraction: the abstract states (:func:`progress_states`): ``"env"`` (default,
+            the env's ``abstract_state_key()``, goal-relative on ``shop`` and ``tools``)
+            or ``"generic"`` (the verb of the last accepted action, no goal read:
+            :func:`generic_states`, the paper's setting).
     """
 
     def __init__(
@@ -193,7 +236,11 @@ class ProgressGraph:
         prune_seed: int = 0,
         include_self_loops: bool = False,
         include_invalid: bool = False,
+        abstraction: str = "env",
     ) -> None:
+        if abstraction not in ABSTRACTIONS:
+            raise ValueError(f"abstraction must be one of {ABSTRACTIONS}, got {abstraction!r}")
+        self.abstraction = abstraction
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         if min_count < 0.0:
@@ -274,7 +321,7 @@ class ProgressGraph:
         n = forest.num_rows
         if n == 0:
             return
-        s, s2 = progress_states(forest)
+        s, s2 = progress_states(forest, self.abstraction)
         ep = forest.episodes()
         on_path = torch.zeros(n, dtype=torch.bool)
         chosen = (
@@ -448,7 +495,7 @@ def progress_labels(
     """
     if match not in _MATCHES:
         raise ValueError(f"match must be one of {_MATCHES}, got {match!r}")
-    s, s2 = progress_states(forest)
+    s, s2 = progress_states(forest, graph.abstraction)
     reasonable = graph.has_edges(s, s2)
     if match == "edge_or_action" and forest.num_rows:
         if not forest.actions:

@@ -295,6 +295,12 @@ def _credit(cfg: Config) -> None:
             f"estimator {c.estimator!r} keeps no state: credit.state and "
             "credit.seed_graph apply to stateful estimators (proas) only"
         )
+    factory = estimator_state_factory(c.estimator)
+    if factory is not None and c.state:  # the state's knobs, checked by building it
+        try:
+            factory(**c.state)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"credit.state: {exc}") from None
     if c.seed_graph == "teacher" and not c.teacher:
         raise ConfigError("credit.seed_graph=teacher needs credit.teacher=PATH (a policy folder)")
     if c.teacher is not None and not Path(c.teacher).expanduser().exists():
