@@ -208,3 +208,44 @@ def test_singleton_groups_single_steps(forest: RolloutForest, knobs: dict) -> No
     )
     # (a self-loop s -> s converges only to within tol; δ is then ~1e-6, not 0)
     assert torch.allclose(a, expected, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(forests(), st.integers(2, 4))
+def test_embedding_merge_is_the_exact_graph_of_the_merged_keys(
+    forest: RolloutForest, classes: int
+) -> None:
+    # every key's vector is the unit vector of (key mod classes): keys of one class have
+    # cosine 1, of two classes 0, so tau = 0.5 merges exactly the keys of a class, and
+    # the advantages are those of the exact graph whose keys are the classes
+    k = forest.state % classes
+    forest.extras["state_embedding"] = torch.nn.functional.one_hot(k, classes).double()
+    merged = graph(forest, similarity_threshold=0.5, similarity="embedding")
+    # a next_state that is never a state of its group stays its own node: keep it apart
+    seen = {(int(g), int(s)) for g, s in zip(forest.group, forest.state)}
+    nxt = torch.tensor(
+        [
+            int(s) % classes if (int(g), int(s)) in seen else 1000 + int(s) % 10**6
+            for g, s in zip(forest.group, forest.next_state)
+        ],
+        dtype=torch.long,
+    )
+    relabelled = RolloutForest.from_columns(
+        group=forest.group,
+        parent=forest.parent,
+        state=k,
+        next_state=nxt,
+        reward=forest.reward,
+        terminal=forest.terminal,
+        success=forest.success,
+    )
+    torch.testing.assert_close(merged, graph(relabelled), atol=1e-6, rtol=0)
+
+
+def test_embedding_merge_needs_the_run_to_embed() -> None:
+    from credo.credit import estimator_needs
+
+    assert estimator_needs("graph", {"similarity": "embedding"}) == {"state_embeddings"}
+    assert estimator_needs("graph", {}) == set() and estimator_needs("grpo", {}) == set()
+    with pytest.raises(ValueError, match="needs a similarity_threshold"):
+        graph(RolloutForest.from_columns(group=[], parent=[]), similarity="embedding")

@@ -118,3 +118,45 @@ def test_bellman_warns_when_not_converged() -> None:
         one, one, torch.tensor([1.0]), torch.tensor([False]), 1, gamma=0.5, tol=1e-12
     )
     assert v.item() == pytest.approx(2.0, abs=1e-10)
+
+
+def test_embedding_merge_by_cosine_with_the_first_member() -> None:
+    # group 0: keys 1, 2, 3 with mean vectors e1 = (1, 0), e2 = (0.8, 0.6) (two rows,
+    # (1, 0) and (0.6, 1.2)), e3 = (0.6, 0.8). Visited in key order: 1 starts a cluster;
+    # cos(e2, e1) = 0.8 >= 0.75 joins it; cos(e3, e1) = 0.6 < 0.75 starts another,
+    # although cos(e3, e2) = 0.96. Group 1 has key 1 with e1 too: its own node.
+    f = RolloutForest.from_columns(
+        group=[0, 0, 0, 0, 1],
+        parent=[-1] * 5,
+        state=[3, 1, 2, 2, 1],
+        next_state=[9] * 5,
+        extras={"state_embedding": [[0.6, 0.8], [1, 0], [1, 0], [0.6, 1.2], [1, 0]]},
+    )
+    src = state_nodes(f, similarity_threshold=0.75, similarity="embedding").src.tolist()
+    assert src[1] == src[2] == src[3] != src[0]
+    assert src[4] not in src[:4]
+    # tau 0.97: nothing merges (0.96 < 0.97); tau 0.5: all of group 0 merges
+    exact = state_nodes(f).src.tolist()
+    tight = state_nodes(f, similarity_threshold=0.97, similarity="embedding").src.tolist()
+    loose = state_nodes(f, similarity_threshold=0.5, similarity="embedding").src.tolist()
+    assert tight == exact and len(set(loose[:4])) == 1
+    with pytest.raises(ValueError, match="needs a similarity_threshold"):
+        state_nodes(f, similarity="embedding")
+    with pytest.raises(ValueError, match="similarity must be one of"):
+        state_nodes(f, similarity_threshold=0.5, similarity="cosine")
+    bare = RolloutForest.from_columns(group=[0], parent=[-1], state=[1], next_state=[2])
+    with pytest.raises(ValueError, match="this forest has none"):
+        state_nodes(bare, similarity_threshold=0.5, similarity="embedding")
+
+
+@SETTINGS
+@given(forests(), st.randoms(use_true_random=False))
+def test_embedding_nodes_do_not_depend_on_row_order(forest: RolloutForest, rnd) -> None:
+    # one vector per key (its hash spread over 3 coordinates): equal keys, equal vectors
+    keys = forest.state
+    emb = torch.stack([(keys % 5).double(), (keys % 7).double(), torch.ones_like(keys).double()], 1)
+    forest.extras["state_embedding"] = emb
+    order = random_topological_order(forest, rnd.randint(0, 10_000))
+    a = state_nodes(forest, similarity_threshold=0.9, similarity="embedding")
+    b = state_nodes(permute_forest(forest, order), similarity_threshold=0.9, similarity="embedding")
+    assert torch.equal(b.src, a.src[order]) and torch.equal(b.dst, a.dst[order])

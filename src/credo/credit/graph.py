@@ -33,11 +33,19 @@ one gather + one segment reduction over all rows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from credo.credit.grpo import episode_group_advantage
 from credo.credit.registry import register_estimator
-from credo.credit.state_graph import bellman_values, state_nodes, suffix_discounted_sum
+from credo.credit.state_graph import (
+    SIMILARITIES,
+    bellman_values,
+    state_nodes,
+    suffix_discounted_sum,
+)
 from credo.data import RolloutForest
 from credo.data.ops import segment_count, segment_mean, segment_std, segment_zscore
 
@@ -114,7 +122,12 @@ def normalise_by_node(
     return torch.where(single, values if singleton == "raw" else torch.zeros_like(values), z)
 
 
-@register_estimator("graph")
+def _needs(params: Mapping[str, Any]) -> set[str]:
+    """The run computes the policy's state embeddings for an embedding merge."""
+    return {"state_embeddings"} if params.get("similarity") == "embedding" else set()
+
+
+@register_estimator("graph", needs=_needs)
 def graph(
     forest: RolloutForest,
     *,
@@ -128,6 +141,7 @@ def graph(
     singleton: str = "zero",
     episode_norm: str = "mean_std_norm",
     similarity_threshold: float | None = None,
+    similarity: str = "text",
     eps: float = 1e-6,
     std_floor: float = 0.0,
 ) -> torch.Tensor:
@@ -148,7 +162,11 @@ def graph(
         episode_norm: the episode term A^E: ``"mean_std_norm"`` (default, GRPO),
             ``"mean_norm"`` (Dr.GRPO) or ``"none"``.
         similarity_threshold: None (default, exact keys) or τ in (0, 1]: merge states with
-            similar observation texts (needs ``forest.observations``).
+            similar observation texts (needs ``forest.observations``) or embeddings.
+        similarity: what τ compares: ``"text"`` (default, difflib's ratio of the
+            observations) or ``"embedding"`` (cosine of the policy's own state
+            embeddings, ``forest.extras["state_embedding"]``, which the trainer computes
+            when this is set; needs τ).
         eps: ε of both normalisations, default 1e-6.
         std_floor: σ_min of the on-state normalisation (``mean_std``), default 0 (none).
     """
@@ -156,10 +174,13 @@ def graph(
         raise ValueError(f"lam must be in [0, 1], got {lam}")
     check_choice("state_norm", state_norm, STATE_NORMS)
     check_choice("singleton", singleton, SINGLETONS)
+    check_choice("similarity", similarity, SIMILARITIES)
+    if similarity == "embedding" and similarity_threshold is None:
+        raise ValueError("similarity='embedding' needs a similarity_threshold in (0, 1]")
     a_e = episode_term(forest, episode_norm, eps)
     if forest.num_rows == 0:
         return torch.zeros(0, dtype=torch.float32)
-    nodes = state_nodes(forest, similarity_threshold=similarity_threshold)
+    nodes = state_nodes(forest, similarity_threshold=similarity_threshold, similarity=similarity)
     v = bellman_values(
         nodes.src,
         nodes.dst,

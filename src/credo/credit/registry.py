@@ -10,7 +10,7 @@ evolving reference graph) declares ``state=Factory``: the trainer builds one obj
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ __all__ = [
     "Estimator",
     "compute_advantages",
     "estimator_names",
+    "estimator_needs",
     "get_estimator",
     "register_estimator",
     "validate_estimator",
@@ -32,9 +33,24 @@ Estimator = Callable[..., torch.Tensor]
 ESTIMATORS: Registry[Estimator] = Registry("estimator")
 
 
-def register_estimator(name: str, *, state: type | None = None) -> Callable[[Estimator], Estimator]:
-    """Decorator: make ``fn`` available as ``credit.estimator: <name>`` in configs."""
-    return ESTIMATORS.register(name, state=state)
+def register_estimator(
+    name: str,
+    *,
+    state: type | None = None,
+    needs: Callable[[Mapping[str, Any]], Iterable[str]] | None = None,
+) -> Callable[[Estimator], Estimator]:
+    """Decorator: make ``fn`` available as ``credit.estimator: <name>`` in configs.
+
+    ``needs(params)``: what the run must compute for the estimator with ``params`` (e.g.
+    ``{"state_embeddings"}``: the policy's state embeddings in the forest); the trainer
+    asks :func:`estimator_needs`."""
+    return ESTIMATORS.register(name, state=state, needs=needs)
+
+
+def estimator_needs(name: str, params: Mapping[str, Any]) -> set[str]:
+    """What estimator ``name`` with ``params`` declared it needs (empty by default)."""
+    fn = ESTIMATORS.meta(name).get("needs")
+    return set(fn(params)) if fn is not None else set()
 
 
 def get_estimator(name: str) -> Estimator:

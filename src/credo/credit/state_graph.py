@@ -16,6 +16,13 @@ state keys of one group whose observation texts are similar are merged into one 
   ``text_similarity(text, representative_text) ≥ τ``, or starts a new cluster. Sorting
   first makes the clusters independent of row order. Identical texts always merge.
 
+With ``similarity="embedding"`` the same greedy clustering compares vectors instead of
+texts: the vector of a key is the mean of ``forest.extras["state_embedding"]`` (``[N, d]``,
+the policy's own last hidden layer averaged over each row's prompt,
+:meth:`~credo.policy.HFPolicy.embed`) over the rows taken in that state; keys are
+visited in key order, and a key joins the first cluster whose representative's vector has
+cosine similarity ≥ τ with its own.
+
 A ``next_state`` key that is never a ``state`` key of its group (e.g. the final state of a
 truncated episode) has no text and stays its own node. The exact path is vectorised; the
 similarity path compares strings in Python (O(keys × clusters) ratios per group).
@@ -43,6 +50,11 @@ __all__ = [
     "suffix_discounted_sum",
     "text_similarity",
 ]
+
+#: What ``similarity_threshold`` compares (:func:`state_nodes`).
+SIMILARITIES = ("text", "embedding")
+#: The forest's extra column of per-row state embeddings (``similarity="embedding"``).
+EMBEDDING = "state_embedding"
 
 BACKUPS = ("mean", "max")
 
@@ -78,12 +90,27 @@ def _similar(a: str, b: str, threshold: float) -> bool:
     )
 
 
-def check_similarity_threshold(threshold: float | None, forest: RolloutForest) -> None:
-    """Raise ``ValueError`` unless ``threshold`` is None or in (0, 1] with texts present."""
+def check_similarity_threshold(
+    threshold: float | None, forest: RolloutForest, similarity: str = "text"
+) -> None:
+    """Raise ``ValueError`` unless ``threshold`` is None or in (0, 1] with texts (or, for
+    ``similarity="embedding"``, the embedding column) present."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
     if threshold is None:
+        if similarity == "embedding":
+            raise ValueError("similarity='embedding' needs a similarity_threshold in (0, 1]")
         return
     if not 0.0 < float(threshold) <= 1.0:
         raise ValueError(f"similarity_threshold must be in (0, 1] or None, got {threshold}")
+    if similarity == "embedding":
+        col = forest.extras.get(EMBEDDING)
+        if forest.num_rows and (col is None or col.dim() != 2):
+            raise ValueError(
+                f"similarity='embedding' needs forest.extras[{EMBEDDING!r}] ([N, d] floats, "
+                "the policy's state embeddings); this forest has none"
+            )
+        return
     if forest.num_rows and len(forest.observations) != forest.num_rows:
         raise ValueError(
             "similarity_threshold needs forest.observations (one text per row); this forest "
@@ -91,19 +118,26 @@ def check_similarity_threshold(threshold: float | None, forest: RolloutForest) -
         )
 
 
-def state_nodes(forest: RolloutForest, *, similarity_threshold: float | None = None) -> StateNodes:
+def state_nodes(
+    forest: RolloutForest,
+    *,
+    similarity_threshold: float | None = None,
+    similarity: str = "text",
+) -> StateNodes:
     """Group-local state nodes of every row (see the module docstring).
 
     Args:
         forest: the rollouts; uses ``group``, ``state``, ``next_state`` and, with a
-            threshold, ``observations``.
+            threshold, ``observations`` (or ``extras["state_embedding"]``).
         similarity_threshold: None (default) = exact key match; τ in (0, 1] = also merge
             keys whose texts have :func:`text_similarity` ≥ τ (greedy, order-independent).
+        similarity: ``"text"`` (default: difflib on the observations) or
+            ``"embedding"`` (cosine of the mean state embeddings; needs a threshold).
 
     Returns:
         :class:`StateNodes` ``(src [N], dst [N], K)``.
     """
-    check_similarity_threshold(similarity_threshold, forest)
+    check_similarity_threshold(similarity_threshold, forest, similarity)
     n = forest.num_rows
     ids, k = compact_ids(
         torch.cat([forest.group, forest.group]), torch.cat([forest.state, forest.next_state])
@@ -111,6 +145,8 @@ def state_nodes(forest: RolloutForest, *, similarity_threshold: float | None = N
     src, dst = ids[:n], ids[n:]
     if similarity_threshold is None or n == 0:
         return StateNodes(src, dst, k)
+    if similarity == "embedding":
+        return _embedding_nodes(forest, src, dst, k, float(similarity_threshold))
 
     # text of each state node: smallest observation among its rows
     text: dict[int, str] = {}
@@ -137,6 +173,33 @@ def state_nodes(forest: RolloutForest, *, similarity_threshold: float | None = N
     m = torch.tensor(merged, dtype=torch.long)
     ids, k = compact_ids(torch.cat([m[src], m[dst]]))
     return StateNodes(ids[:n], ids[n:], k)
+
+
+def _embedding_nodes(
+    forest: RolloutForest, src: torch.Tensor, dst: torch.Tensor, k: int, threshold: float
+) -> StateNodes:
+    """:func:`state_nodes`'s merge by cosine similarity of the state embeddings."""
+    emb = forest.extras[EMBEDDING].to(torch.float64)
+    n = src.numel()
+    sums = torch.zeros(k, emb.shape[1], dtype=torch.float64).index_add_(0, src, emb)
+    rows = segment_count(src, k)
+    has = rows > 0  # a key seen only as a next_state has no vector: its own node
+    vec = torch.nn.functional.normalize(sums / rows.clamp(min=1).unsqueeze(1), dim=1)
+    node_group = torch.full((k,), -1, dtype=torch.long)
+    node_group[src] = forest.group
+    merged = list(range(k))
+    reps: dict[int, list[int]] = defaultdict(list)  # group → representative nodes
+    for node in torch.nonzero(has).flatten().tolist():  # key order within every group
+        g = int(node_group[node])
+        for rep in reps[g]:
+            if float(vec[node] @ vec[rep]) >= threshold:
+                merged[node] = rep
+                break
+        else:
+            reps[g].append(node)
+    m = torch.tensor(merged, dtype=torch.long)
+    ids, k2 = compact_ids(torch.cat([m[src], m[dst]]))
+    return StateNodes(ids[:n], ids[n:], k2)
 
 
 def bellman_values(

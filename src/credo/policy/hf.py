@@ -390,6 +390,36 @@ class HFPolicy:
             self._keep(store, sessions, prompts, results, past, attn)
         return results
 
+    @torch.no_grad()
+    def embed(self, prompts: Sequence[Sequence[int]], micro_batch: int = 32) -> torch.Tensor:
+        """``[B, d]`` float32: the last hidden layer averaged over each prompt's tokens
+        (the policy's own reading of a state; the trajectory graph's embedding merge).
+        No graph is built; the model's train/eval mode is restored."""
+        out: list[torch.Tensor] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for i in range(0, len(prompts), micro_batch):
+                chunk = [list(p) for p in prompts[i : i + micro_batch]]
+                width = max(1, max(len(p) for p in chunk))  # right-padded: positions from 0
+                ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+                attn = torch.zeros((len(chunk), width), dtype=torch.long)
+                for j, p in enumerate(chunk):
+                    ids[j, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+                    attn[j, : len(p)] = 1
+                ids, attn = ids.to(self.device), attn.to(self.device)
+                with self._running():
+                    hidden = self.model(
+                        input_ids=ids, attention_mask=attn, output_hidden_states=True
+                    ).hidden_states[-1]
+                m = attn.unsqueeze(-1).to(hidden.dtype)
+                out.append(((hidden * m).sum(1) / m.sum(1).clamp(min=1)).float().cpu())
+        finally:
+            self.model.train(was_training)
+        if not out:
+            return torch.zeros(0, int(self.model.config.hidden_size))
+        return torch.cat(out)
+
     def _full_batch(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(input_ids, attention_mask)`` ``[B, W]``: the prompts left-padded."""
         b = len(prompts)

@@ -5,6 +5,8 @@ a stage they run in this order:
 
 - ``sampling_copy`` (:mod:`~credo.train.parts.sampling_copy`): FSDP's sampling copy follows
   the trainer after each update;
+- ``state_embeddings`` (:mod:`~credo.train.parts.state_embeddings`): the policy's state
+  embeddings, for the trajectory graph's embedding merge;
 - ``kl_reward_penalty`` (:mod:`~credo.train.parts.kl_penalty`): the KL reward penalty;
 - ``teacher`` (:mod:`~credo.train.parts.teacher`): the teachers and their route;
 - ``judge`` (:mod:`~credo.train.parts.judge`): SERPO's rubric reward;
@@ -42,6 +44,7 @@ from credo.train.parts.base import (
 #: each stage.
 BUILT_IN = (
     "sampling_copy",
+    "state_embeddings",
     "kl_penalty",
     "teacher",
     "judge",
