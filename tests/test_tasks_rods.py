@@ -326,3 +326,14 @@ def test_rods_works_with_samplers_and_estimators(
         assert 6 - 4 <= r["tasks/pool_size"] <= 10
         assert 0 <= r["tasks/boundary_frac"] <= 1
         assert r["tasks/spawned"] >= 0 and r["tasks/retired"] >= 0
+
+
+def test_distinct_counts_every_seed_once_across_reuse() -> None:
+    src = _source(spawn=0, retire_after=1)  # 10 training seeds, a buffer of 3
+    counts = []
+    for it in range(12):
+        tasks = src.draw(it, seed=it)
+        table = {t.id: [1.0, 1.0] for t in tasks}  # every group mastered: retired at once
+        counts.append(src.observe(tasks, _episodes(table, tasks), seed=it)["tasks/distinct"])
+    assert counts == sorted(counts) and counts[-1] == 10.0  # never falls, tops at 10
+    assert len(src.used_seeds) < 10  # the buffer did start reusing seeds

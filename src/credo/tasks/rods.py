@@ -276,7 +276,8 @@ class RodsSource:
         if self.params.spawn > 0:  # fail now, not at the first boundary task
             self._synthesiser() if self.params.synthesiser == "rules" else self._similar()
         self.pool: list[TaskStats] = []
-        self.used_seeds: set[int] = set()  # training seeds ever put in the buffer
+        self.used_seeds: set[int] = set()  # seeds put in the buffer since the last reuse
+        self.seeds_seen: set[int] = set()  # training seeds ever put in the buffer
         self.spawned_total = 0
         self.retired_total = 0
         self.proposed_total = 0
@@ -340,7 +341,7 @@ class RodsSource:
             "tasks/proposed": float(self.proposed_total - proposed_before),
             "tasks/spawned": float(spawned),
             "tasks/retired": float(len(retire)),
-            "tasks/distinct": float(len(self.used_seeds) + self.spawned_total),
+            "tasks/distinct": float(len(self.seeds_seen) + self.spawned_total),
         }
         if self.proposed_total:
             out["tasks/valid_rate"] = self.spawned_total / self.proposed_total
@@ -351,6 +352,7 @@ class RodsSource:
         return {
             "pool": [asdict(e) for e in self.pool],
             "used_seeds": sorted(self.used_seeds),
+            "seeds_seen": sorted(self.seeds_seen),
             "spawned_total": self.spawned_total,
             "retired_total": self.retired_total,
             "proposed_total": self.proposed_total,
@@ -362,6 +364,7 @@ class RodsSource:
         """Restore what :meth:`state_dict` returned."""
         self.pool = [TaskStats(**e) for e in state["pool"]]
         self.used_seeds = {int(s) for s in state["used_seeds"]}
+        self.seeds_seen = {int(s) for s in state.get("seeds_seen", self.used_seeds)}
         self.spawned_total = int(state["spawned_total"])
         self.retired_total = int(state["retired_total"])
         # checkpoints of runs before the synthesiser hold none of these
@@ -379,6 +382,7 @@ class RodsSource:
             s = int(rng.integers(self.train_tasks))
             if s not in self.used_seeds:
                 self.used_seeds.add(s)
+                self.seeds_seen.add(s)
                 self.pool.append(TaskStats("train", s))
 
     def _environment(self) -> Any:
