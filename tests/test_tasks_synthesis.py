@@ -182,7 +182,7 @@ def test_the_buffer_grows_by_verified_variants_only() -> None:
     ctx = TaskSourceContext(train_tasks=10, tasks_per_iter=2, make_env=lambda: ToolsEnv("easy"))
     src = RodsSource(ctx, RodsParams(seed_pool=3, max_pool=10, spawn=2, signal="success"))
     src.pool = [TaskStats("train", s) for s in (1, 2, 5)]
-    src.used_seeds = {1, 2, 5}
+    src.used_seeds = src.seeds_seen = {1, 2, 5}
     tasks = [Task.make("train", s) for s in (1, 2, 5)]
     table = {tasks[0].id: [1, 0, 1, 0], tasks[1].id: [1, 1, 1, 1], tasks[2].id: [0, 1, 0, 0]}
     m = src.observe(tasks, _episodes(table, tasks), seed=0)
