@@ -41,8 +41,8 @@ import torch
 from credo.credit.grpo import episode_group_advantage
 from credo.credit.registry import register_estimator
 from credo.credit.state_graph import (
-    SIMILARITIES,
     bellman_values,
+    check_similarity_threshold,
     state_nodes,
     suffix_discounted_sum,
 )
@@ -174,9 +174,7 @@ def graph(
         raise ValueError(f"lam must be in [0, 1], got {lam}")
     check_choice("state_norm", state_norm, STATE_NORMS)
     check_choice("singleton", singleton, SINGLETONS)
-    check_choice("similarity", similarity, SIMILARITIES)
-    if similarity == "embedding" and similarity_threshold is None:
-        raise ValueError("similarity='embedding' needs a similarity_threshold in (0, 1]")
+    check_similarity_threshold(similarity_threshold, forest, similarity)  # before any row
     a_e = episode_term(forest, episode_norm, eps)
     if forest.num_rows == 0:
         return torch.zeros(0, dtype=torch.float32)

@@ -630,7 +630,6 @@ class ToolsEnv:
 
         kinds = list(fam.requests)
         rng.shuffle(kinds)
-        self._twin = False
         items = rng.sample(sorted(ITEMS), len(kinds) + 4)
         targets: list[Order] = []
         for kind, item in zip(kinds, items):

@@ -385,11 +385,14 @@ class RodsSource:
                 self.seeds_seen.add(s)
                 self.pool.append(TaskStats("train", s))
 
+    def _factory(self) -> Callable[[], Any]:
+        if self._make_env is None:
+            raise ValueError("rods spawns variants through the env: it needs make_env")
+        return self._make_env
+
     def _environment(self) -> Any:
         if self._env is None:
-            if self._make_env is None:
-                raise ValueError("rods spawns variants through the env: it needs make_env")
-            self._env = self._make_env()
+            self._env = self._factory()()
         return self._env
 
     def _similar(self) -> Callable[[Task, random.Random], Task]:
@@ -404,10 +407,8 @@ class RodsSource:
 
     def _synthesiser(self) -> RuleSynthesiser:
         if self._synth is None:
-            if self._make_env is None:
-                raise ValueError("rods spawns variants through the env: it needs make_env")
             self._synth = RuleSynthesiser(
-                self._make_env, tries=self.params.tries, min_steps=self.params.min_steps
+                self._factory(), tries=self.params.tries, min_steps=self.params.min_steps
             )
         return self._synth
 
