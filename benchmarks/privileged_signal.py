@@ -12,7 +12,10 @@ of each action (summed over its tokens) under the student and under the teacher,
 - valid and invalid actions.
 
 A teacher that reads the text gives the right actions more probability than the student
-and the wrong ones less; one that is thrown off by it gives every action less.
+and the wrong ones less; one that is thrown off by it gives every action less. The rows
+of solved and of failed episodes (per env of a mixture) are shown apart: distilling
+toward the teacher helps where it lifts the solved episodes' actions above the failed
+ones' (its "teacher − student" column larger on solved rows).
 
     python benchmarks/privileged_signal.py --recipe renyi_opsd
     python benchmarks/privileged_signal.py --recipe renyi_opsd sft.privileged=null
@@ -97,16 +100,32 @@ def main() -> None:
         groups += [("= the privileged text", has & same), ("≠ the privileged text", has & ~same)]
     valid = forest.valid.bool()
     groups += [("valid", has & valid), ("invalid", has & ~valid)]
+    # rows of solved and failed episodes, per env of a mixture: a teacher whose text helps
+    # lifts the solved episodes' actions more than the failed ones' (last column)
+    ep = forest.episodes()
+    solved = torch.zeros(forest.num_rows, dtype=torch.bool)
+    for e in range(ep.num_episodes):
+        solved[ep.path(e)] = bool(ep.success[e])
+    label_of = {x.group: x.steps[-1].info.get("env") for x in rollout.episodes if x.steps}
+    labels = [label_of.get(int(g)) for g in forest.group]
+    for label in [None, *sorted({x for x in labels if x is not None})]:
+        mine = torch.tensor([label is None or x == label for x in labels])
+        where_ = "" if label is None else f" ({label})"
+        groups += [
+            (f"solved episodes{where_}", has & mine & solved),
+            (f"failed episodes{where_}", has & mine & ~solved),
+        ]
     table = [
-        [name, int(m.sum()), f"{student[m].mean():+.3f}", f"{teacher[m].mean():+.3f}"]
+        [name, int(m.sum()), f"{student[m].mean():+.3f}", f"{teacher[m].mean():+.3f}",
+         f"{(teacher - student)[m].mean():+.3f}"]
         for name, m in groups
         if bool(m.any())
-    ]
+    ]  # fmt: skip
     where = f"shop/{args.difficulty}" if args.env == "shop" else args.env
     print_table(
         f"log p(action): student vs its teacher reading {cfg.teacher.privileged!r} "
         f"({args.recipe}, {where}, seed {args.seed}, {args.policy or 'warm start'})",
-        ["actions", "rows", "student", "teacher (privileged)"],
+        ["actions", "rows", "student", "teacher (privileged)", "teacher − student"],
         table,
         width=140,
     )

@@ -198,6 +198,12 @@ def test_the_buffer_grows_by_verified_variants_only() -> None:
         parent_family = {"train/1": "refund_by_id", "train/5": "cancel_by_name"}[c.parent]
         assert env.family == parent_family and "wording" in c.data
     assert len(src.seen) == 2 + 4  # the parents' keys and the variants'
+    assert set(src._plans) == {"train/1", "train/5"}
+    # train/1 is mastered twice in a row (retire_after 2): it retires, and its plan goes
+    mastered = {tasks[0].id: [1, 1, 1, 1]}
+    for round_ in (1, 2):
+        src.observe(tasks[:1], _episodes(mastered, tasks[:1]), seed=round_)
+    assert "train/1" not in {e.id for e in src.pool} and set(src._plans) == {"train/5"}
     # a second round with the env now refusing every variant: proposals, no spawns
     _Broken.mode = "unsolvable"
     src2 = RodsSource(

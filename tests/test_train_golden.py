@@ -8,19 +8,28 @@ refactors. Metrics added later are allowed; every stored one must keep its value
 run has signal: the warm start solves some tasks and not others, so
 advantages, gradients and weights move (asserted below).
 
-Each case's reference records the CPU it was written on (:func:`_cpu`). On that CPU the
-values must agree to float32 rounding (relative 1e-4); on another, whose kernels (AVX2 or
-AVX-512, MKL's code paths) round differently and whose differences compound through the
-warm start's SFT, to 5 % (absolute 1e-3 for the near-zero noise metrics such as
-``policy/ratio_std``). Measured between an AMD EPYC (AVX-512) and the CPU that wrote the
-references: at most 1.5 % (``teacher/sampled_kl`` of ``renyi_opsd``), 3e-4 absolute on
-``policy/ratio_std``. On another CPU the test therefore catches only changes of more
-than 5 %; the exact check holds on the CPU that wrote the references (regenerate them
-there, or on a new CPU after checking that the loose comparison passes).
+Each case keeps one reference per CPU it was written on (:func:`_cpu`): CPUs whose
+kernels (AVX2 or AVX-512, MKL's code paths) round differently do not compute the same
+floats. On a CPU with its own reference the values must agree to float32 rounding
+(relative 1e-4). On another CPU they are compared to 5 % (absolute 1e-3 for near-zero
+noise metrics such as ``policy/ratio_std``) with a stored reference, but only on the
+metrics on which the stored CPUs already agree to that tolerance: a metric that differs
+more between two stored CPUs is chaotic in rounding and says nothing about a third.
+Measured between an Intel Xeon and an AMD EPYC (both AVX-512): most cases agree to 1.5 %;
+``klpo``, ``klpo-topk`` and ``renyi_opsd-reading-first`` sample the same first rollouts
+(every ``rollout/`` metric and the engine's log-probabilities agree) but their first
+update's mini-batch steps part (``policy/ratio_min`` 0.57 against 0.31 for ``klpo``,
+``policy/grad_norm`` 1.19 against 2.84 for the reading-first warm start), and from the
+next iteration they sample different episodes. The warm start's success (16 episodes) is
+compared to one episode's difference there, the final success where the stored CPUs
+agree on it.
 
 A deliberate change of behaviour regenerates the reference:
 ``CREDO_UPDATE_GOLDEN=1 python -m pytest tests/test_train_golden.py`` — say why in the
-commit.
+commit. It replaces the references of the CPU it runs on and drops every other CPU's
+(they pinned the behaviour before the change); write them again on those CPUs.
+``CREDO_ADD_GOLDEN_CPU=1`` adds this CPU's references beside the stored ones, after
+checking that the comparison above passes.
 """
 
 from __future__ import annotations
@@ -149,23 +158,79 @@ def test_metrics_match_the_stored_reference(
     case: str, recipe: str, extra: list[str], tmp_path: Path
 ) -> None:
     got = _run(case, recipe, extra, tmp_path)
-    if os.environ.get("CREDO_UPDATE_GOLDEN"):
-        stored = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
-        stored[case] = got
-        tmp = GOLDEN.with_suffix(".tmp")
-        tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
-        os.replace(tmp, GOLDEN)
+    if os.environ.get("CREDO_UPDATE_GOLDEN") or os.environ.get("CREDO_ADD_GOLDEN_CPU"):
+        _store(case, got, keep_others=not os.environ.get("CREDO_UPDATE_GOLDEN"))
         pytest.skip("reference updated")
-    expected = json.loads(GOLDEN.read_text())[case]
+    refs = json.loads(GOLDEN.read_text())[case]
     # there is signal: advantages and gradients are non-zero in some iteration
     assert any(r.get("credit/adv_abs_max", 0) > 0 for r in got["metrics"])
     assert any(r.get("policy/grad_norm", 0) > 0 for r in got["metrics"])
     assert 0 < got["warm"] < 1
-    same_cpu = expected.get("cpu") == got["cpu"]
-    rel, abs_ = (1e-4, 1e-6) if same_cpu else (5e-2, 1e-3)
+    _check(got, refs)
+
+
+def _check(got: dict, refs: dict[str, dict]) -> None:
+    """Compare a run with the references ``{cpu: record}`` of its case (see the module's
+    docstring: exact on a stored CPU, else loose on the metrics the stored CPUs share)."""
+    if got["cpu"] in refs:
+        expected = refs[got["cpu"]]
+        for i, (g, e) in enumerate(zip(got["metrics"], expected["metrics"])):
+            # every stored metric is there with its stored value; metrics added since are free
+            diff = sorted(k for k in e if not _close(g.get(k), e[k], *EXACT))
+            assert not diff, f"iteration {i}: {[(k, e.get(k), g.get(k)) for k in diff]}"
+        assert len(got["metrics"]) == len(expected["metrics"])
+        assert got["warm"] == expected["warm"] and got["final"] == expected["final"]
+        return
+    stored = list(refs.values())
+    expected = stored[0]
     for i, (g, e) in enumerate(zip(got["metrics"], expected["metrics"])):
-        # every stored metric is there with its stored value; metrics added since are free
-        diff = sorted(k for k in e if not _close(g.get(k), e[k], rel, abs_))
+        steady = [k for k in e if _steady(k, i, stored)]
+        diff = sorted(k for k in steady if not _close(g.get(k), e[k], *LOOSE))
         assert not diff, f"iteration {i}: {[(k, e.get(k), g.get(k)) for k in diff]}"
     assert len(got["metrics"]) == len(expected["metrics"])
-    assert got["warm"] == expected["warm"] and got["final"] == expected["final"]
+    one_episode = 1.01 / 16
+    assert math.isclose(got["warm"], expected["warm"], abs_tol=one_episode)
+    if all(r["final"] == expected["final"] for r in stored):
+        assert math.isclose(got["final"], expected["final"], abs_tol=one_episode)
+
+
+#: (relative, absolute) tolerance on the CPU that wrote a reference, and on another CPU
+EXACT, LOOSE = (1e-4, 1e-6), (5e-2, 1e-3)
+
+
+def _steady(key: str, i: int, stored: list[dict]) -> bool:
+    """Whether every stored CPU's reference agrees on metric ``key`` of iteration ``i`` to
+    the loose tolerance (with one stored CPU, every metric is)."""
+    first = stored[0]["metrics"][i].get(key)
+    return all(_close(r["metrics"][i].get(key), first, *LOOSE) for r in stored[1:])
+
+
+def _store(case: str, got: dict, keep_others: bool) -> None:
+    stored = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    refs = stored.get(case, {}) if keep_others else {}
+    refs[got["cpu"]] = got
+    stored[case] = refs
+    tmp = GOLDEN.with_suffix(".tmp")
+    tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
+    os.replace(tmp, GOLDEN)
+
+
+def _record(cpu: str, ratio_min: float, loss: float) -> dict:
+    metrics = [{"policy/ratio_min": ratio_min, "loss/policy": loss, "rollout/gen_tokens": 40}]
+    return {"cpu": cpu, "metrics": metrics, "warm": 0.25, "final": 0.5}
+
+
+def test_another_cpu_is_compared_on_the_metrics_the_stored_cpus_share() -> None:
+    refs = {"intel": _record("intel", 0.57, 1.0), "amd": _record("amd", 0.31, 1.02)}
+    # a stored CPU: exact, on every metric
+    _check(_record("amd", 0.31, 1.02), refs)
+    with pytest.raises(AssertionError, match="ratio_min"):
+        _check(_record("amd", 0.33, 1.02), refs)
+    # a third CPU: ratio_min already parts the stored CPUs, so it is free; the loss is not
+    _check(_record("arm", 0.9, 1.03), refs)
+    with pytest.raises(AssertionError, match="loss/policy"):
+        _check(_record("arm", 0.31, 1.2), refs)
+    other = _record("arm", 0.31, 1.0)
+    other["warm"] = 0.375  # two of 16 episodes more
+    with pytest.raises(AssertionError):
+        _check(other, refs)

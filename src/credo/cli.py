@@ -927,7 +927,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--jobs", type=int, default=1, help="runs side by side, one process each (default 1)"
     )
-    st.add_argument("--out", help="where the runs go (default runs/studies/NAME)")
+    st.add_argument(
+        "--out",
+        help="the folder of studies' runs: this one's go to OUT/NAME (default runs/studies)",
+    )
     st.add_argument(
         "--docs", default="docs/studies", help="where its page goes (default docs/studies)"
     )

@@ -332,6 +332,8 @@ class RodsSource:
             elif d.boundary:
                 boundary.append(entry)
         self.pool = [e for e in self.pool if e.id not in retire]
+        for task_id in retire:  # a retired parent is planned no more
+            self._plans.pop(task_id, None)
         proposed_before = self.proposed_total
         spawned = self._spawn(boundary, random.Random(seed)) if self.params.spawn else 0
         self.retired_total += len(retire)
