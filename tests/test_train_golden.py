@@ -58,6 +58,9 @@ SMALL = [*SMALL_RUN, "train.iterations=3", "train.checkpoint_every=2"]
 #: Recipes whose teacher is a folder given on the command line (``opd``, ``oprd``): they
 #: run end to end, with a teacher made in the test, in tests/test_train_teachers.py.
 NEEDS_TEACHER_FOLDER = {r for r in recipe_names() if load_config(r).teacher.kind in ("run", "hf")}
+#: Recipes with a judge (``serpo``: SmolLM2 judging the free text of ``tools``): their
+#: end-to-end run is in tests/test_train_judging.py (the built-in judge, on ReplyEnv).
+JUDGED = {r for r in recipe_names() if load_config(r).judge.enabled}
 
 #: Overrides a recipe needs on the small run's env: ``GuessEnv`` has no ``similar_task``,
 #: so RODS's buffer runs without spawning variants there, and no profiles, so RAPO runs on
@@ -79,7 +82,7 @@ RECIPE_NEEDS = {
 CASES = [
     (r, r, RECIPE_NEEDS.get(r, []))
     for r in recipe_names()
-    if r != "base" and r not in NEEDS_TEACHER_FOLDER
+    if r != "base" and r not in NEEDS_TEACHER_FOLDER | JUDGED
 ] + [
     ("grpo-kl", "grpo", ["objective.kl_coef=0.1", "objective.kl_reward_coef=0.1"]),
     ("grpo-minibatches", "grpo", ["optim.epochs=2", "optim.minibatches=2"]),

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from credo.data import RolloutForest
 from credo.envs.base import Task
@@ -26,6 +28,7 @@ from credo.teachers.judging import (
     combine_row_rewards,
     episode_transcript,
     rank_auc,
+    rank_quantiles,
 )
 from credo.teachers.rubric import ResponsePools, Rubric, RubricEvolver, RubricItem
 from credo.train.config import ConfigError, JudgeConfig, load_config
@@ -258,6 +261,68 @@ def test_rubric_evolution_on_fixed_pools_with_the_contrast_proposer(tmp_path: Pa
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically, nothing left behind
 
 
+def test_rank_quantiles_by_hand() -> None:
+    # ranks 1, 4, 2.5, 2.5 of 4 (ties share their mean rank): (r - 1) / 3
+    assert rank_quantiles([0.2, 0.9, 0.5, 0.5], [0, 0, 0, 0]) == [0.0, 1.0, 0.5, 0.5]
+    # two groups apart; a group of one is neutral
+    assert rank_quantiles([3.0, 1.0, 2.0, 7.0], [1, 1, 1, 2]) == [1.0, 0.0, 0.5, 0.5]
+    assert rank_quantiles([], []) == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.floats(-5, 5)), min_size=1, max_size=20))
+def test_rank_quantiles_keep_the_order_within_each_group(pairs: list[tuple[int, float]]) -> None:
+    groups, values = [g for g, _ in pairs], [v for _, v in pairs]
+    q = rank_quantiles(values, groups)
+    assert all(0.0 <= x <= 1.0 for x in q)
+    for i in range(len(q)):
+        for j in range(len(q)):
+            if groups[i] == groups[j] and values[i] < values[j]:
+                assert q[i] < q[j]
+            if groups[i] == groups[j] and values[i] == values[j]:
+                assert q[i] == q[j]
+    for g in set(groups):  # a group's quantiles average 1/2 (ranks are symmetric)
+        mine = [x for x, h in zip(q, groups) if h == g]
+        assert sum(mine) / len(mine) == pytest.approx(0.5)
+
+
+def test_pools_by_rank_need_no_reward_and_the_hack_gap_is_measured(tmp_path: Path) -> None:
+    """Reward-free SERPO: the env pays nothing, the rubric reward is the only reward
+    (``replace``), and each message is filed by its rank among the task's messages."""
+    env, task, good = _ticket()
+    (op,) = env.goal_ops()
+    vague = f"resolved : refund for the {env.orders[op[1]].item} ; bye"  # no amount
+    hello = "hello"
+    no_item = f"resolved : refund $ {op[2]} for the order ; bye"
+    assert [env.message_truth(m) for m in (good, vague, hello, no_item)] == [1, 0, 0, 0]
+    msgs = [good, vague, hello, no_item]
+    table = {("q?", good): 0.4, ("q?", vague): 0.9, ("q?", hello): 0.1, ("q?", no_item): 0.6}
+    judging = _judging(env, FixedJudge(table), Rubric([RubricItem("q?", 0.5)]), tmp_path,
+                       combine="replace", pool_by="rank")  # fmt: skip
+    forest = _forest(env, [format_call("respond", {"message": m}) for m in msgs], [0.0] * 4)
+    step = judging.reward(forest, [task], iteration=0)
+    # replace: the leaves get 0.5 * s, the env's (zero) rewards are dropped
+    assert step.forest.reward.tolist() == pytest.approx([0, 0.2, 0, 0.45, 0, 0.05, 0, 0.3])
+    # ranks 2, 4, 1, 3 of 4: quantiles 1/3, 1, 0, 2/3; good >= 0.75, bad <= 0.25
+    assert judging.pools.get(task.id, "good") == [vague]
+    assert judging.pools.get(task.id, "bad") == [hello]
+    assert judging.pools.get(task.id, "neutral") == [good, no_item]
+    # the judge approves 0.5 on average (s over the weights), the truth is 1/4
+    assert step.metrics["judge/hack_gap"] == pytest.approx(0.5 - 0.25)
+    assert step.metrics["judge/truth_mean"] == pytest.approx(0.25)
+
+
+def test_the_serpo_recipe_is_reward_free_and_evolves() -> None:
+    cfg = load_config("serpo")
+    j = cfg.judge
+    assert cfg.env.name == "tools" and cfg.env.kwargs["closing"] == "respond"
+    assert (j.combine, j.coef, j.pool_by, j.evolve_every) == ("replace", 1.0, "rank", 1)
+    assert (
+        j.enabled
+        and j.proposer == "judge"
+        and cfg.objective.loss == load_config("grpo").objective.loss
+    )
+
+
 # ------------------------------------------------------------ config checks
 def test_judge_section_checks(tmp_path: Path) -> None:
     def err(*over: str) -> str:
@@ -287,6 +352,9 @@ def test_judge_section_checks(tmp_path: Path) -> None:
         *tools, "judge.model=builtin", f"judge.rubric={tmp_path}/none.yaml"
     )
     assert "judge.model='./nowhere': no such folder" in err(*tools, "judge.model=./nowhere")
+    assert "judge.pool_by must be one of env, rubric, rank, got 'score'" in err(
+        *tools, "judge.model=builtin", "judge.pool_by=score"
+    )
     assert "judge.context must be one of instruction, transcript, got 'episode'" in err(
         *tools, "judge.model=builtin", "judge.context=episode"
     )
@@ -375,3 +443,32 @@ def test_resume_keeps_the_rubric_and_the_pools(tmp_path: Path) -> None:
         return [{k: v for k, v in r.items() if not k.startswith(skip)} for r in records]
 
     assert stable(resumed.metrics) == stable(full.metrics)
+
+
+@pytest.mark.slow
+def test_the_serpo_recipe_trains_on_the_judge_alone(tmp_path: Path) -> None:
+    """The recipe as shipped (reward replaced, pools by rank, evolution every iteration),
+    with the built-in judge on ReplyEnv (whose reward is always 0): the judge's reward is
+    the whole signal, and every iteration files its best and worst replies."""
+    cfg = load_config(
+        "serpo",
+        [
+            "env.name=examples.desk_envs:ReplyEnv", "env.kwargs={}",
+            "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
+            "sft.episodes=40", "sft.steps=20", "sft.noisy_episodes=0", "sft.noisy_steps=0",
+            "rollout.max_new_tokens=8", "rollout.tasks_per_iter=2", "rollout.group_size=4",
+            "train.threads=1", "train.iterations=2", "eval.episodes=4", "judge.model=builtin",
+            "judge.context=instruction", f"train.runs_dir={tmp_path}", "train.name=serpo",
+        ],
+    )  # fmt: skip
+    res = train(cfg, quiet=True)
+    recs = [r for r in res.metrics if "judge/judged_frac" in r]
+    assert len(recs) == 2
+    for r in recs:
+        assert r["rollout/return_mean"] == 0.0 and r["credit/adv_std"] > 0
+        assert r["policy/grad_norm"] > 0 and 0 < r["judge/reward_mean"] < 1
+        assert "judge/hack_gap" in r
+    state = json.loads((res.run_dir / "checkpoints" / "step_2" / "state.json").read_text())
+    pools = state["judge_state"]["pools"]
+    # pools by rank: a task with two or more judged replies has a best and a worst one
+    assert any(per["good"] and per["bad"] for per in pools.values())

@@ -18,7 +18,9 @@ after the rollouts (and any teacher reward route):
 3. combines the rubric reward with the env's on the episode's last step
    (:func:`combine_row_rewards`: ``add``, ``replace``, ``mix`` or ``gated``) before
    credit assignment;
-4. files each response in its task's good / neutral / bad pool and, every
+4. files each response in its task's good / neutral / bad pool (``judge.pool_by``: by
+   the env's return, by the rubric reward, or by its rank among the task's responses of
+   the iteration, :func:`rank_quantiles`, which needs no reward at all) and, every
    ``evolve_every`` iterations, asks the proposer for rubric changes from contrasting
    pools (:class:`~credo.teachers.rubric.RubricEvolver`): each change bumps the rubric's
    version and is appended to ``RUN/rubric_changes.jsonl`` (atomically); checkpoints
@@ -28,7 +30,9 @@ after the rollouts (and any teacher reward route):
    rubric reward, the rubric's version and size, and, where the env knows the hidden
    truth of the text (``message_truth(text)``), its mean and the judge's agreement with
    it (``judge/truth_auc``: the AUC of the rubric reward for fully true vs not fully
-   true texts; ``judge/truth_corr``: Pearson's r).
+   true texts; ``judge/truth_corr``: Pearson's r), and the hacking watch
+   ``judge/hack_gap``: the mean rubric reward over ``Σ_k w_k`` minus the mean truth
+   (rising over training: the policy pleases the judge more than it tells the truth).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ __all__ = [
     "episode_transcript",
     "judge_policy",
     "rank_auc",
+    "rank_quantiles",
 ]
 
 #: The run folder's log of rubric versions (one JSON line per version).
@@ -150,6 +155,30 @@ def rank_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
         return math.nan
     wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
     return wins / (len(pos) * len(neg))
+
+
+def rank_quantiles(values: Sequence[float], groups: Sequence[int]) -> list[float]:
+    """Each value's rank among the values of its group as a quantile in [0, 1]:
+    ``(r − 1) / (n − 1)`` with ``r`` its 1-based rank from the lowest among the group's
+    ``n`` values (tied values share their mean rank); a group of one gets 0.5. With
+    ``judge.pool_by: rank`` it files each response by how it ranks among its task's
+    responses of the iteration (SERPO's good / neutral / bad without any reward)::
+
+        rank_quantiles([0.2, 0.9, 0.5, 0.5], [0, 0, 0, 0]) == [0, 1, 1/2, 1/2]
+    """
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(int(g), []).append(i)
+    out = [0.5] * len(values)
+    for idx in members.values():
+        n = len(idx)
+        if n < 2:
+            continue
+        for i in idx:
+            below = sum(values[j] < values[i] for j in idx)
+            ties = sum(values[j] == values[i] for j in idx)  # itself included
+            out[i] = (below + (ties - 1) / 2) / (n - 1)
+    return out
 
 
 def _pearson(x: Sequence[float], y: Sequence[float]) -> float:
@@ -306,15 +335,20 @@ class Judging:
         )
         # pools, then (maybe) evolution
         total_w = sum(it.weight for it in self.rubric.items) or 1.0
+        ranks = rank_quantiles(scores.tolist(), [int(ep.group[e]) for e in where])
         for i, e in enumerate(where):
-            value = float(ep.ret[e]) if j.pool_by == "env" else float(scores[i]) / total_w
+            value = {
+                "env": float(ep.ret[e]),
+                "rubric": float(scores[i]) / total_w,
+                "rank": ranks[i],
+            }[j.pool_by]
             self.pools.observe(task_ids[i], texts[i], value)
         changes = 0
         if j.evolve_every and (iteration + 1) % j.evolve_every == 0:
             changes = self._evolve(task_ids)
         return JudgeStep(
             forest.with_rewards(new_reward),
-            self._metrics(n_ep, scores.tolist(), truth, changes),
+            self._metrics(n_ep, scores.tolist(), truth, changes, total_w),
         )
 
     def _evolve(self, task_ids: Sequence[str]) -> int:
@@ -332,7 +366,12 @@ class Judging:
         return applied
 
     def _metrics(
-        self, n_ep: int, scores: list[float], truth: list[float | None], changes: int
+        self,
+        n_ep: int,
+        scores: list[float],
+        truth: list[float | None],
+        changes: int,
+        total_w: float,
     ) -> dict[str, float]:
         now = self.judge.cost
         out = {
@@ -348,6 +387,8 @@ class Judging:
         if known:
             s, t = zip(*known)
             out["judge/truth_mean"] = sum(t) / len(t)
+            # the hacking watch: how far the judge's approval runs ahead of the truth
+            out["judge/hack_gap"] = sum(s) / len(s) / total_w - out["judge/truth_mean"]
             auc = rank_auc(s, [x >= 1.0 for x in t])
             corr = _pearson(s, t)
             if not math.isnan(auc):

@@ -13,6 +13,8 @@ from credo.utils.registry import check_kwargs
 #: What the judge may read beside the free text (``judge.context``; the transcript is
 #: :func:`credo.teachers.judging.episode_transcript`).
 CONTEXTS = ("instruction", "transcript")
+#: What files a response as good, neutral or bad (``judge.pool_by``).
+POOL_BY = ("env", "rubric", "rank")
 
 __all__ = ["check_judge_config"]
 
@@ -57,8 +59,8 @@ def check_judge_config(cfg: Any) -> str | None:
                      j.proposer_params, reserved=("rubric", "good", "bad", "judge"))  # fmt: skip
     except ValueError as e:
         return f"judge.proposer_params: {e}"
-    if j.pool_by not in ("env", "rubric"):
-        return f"judge.pool_by must be one of env, rubric, got {j.pool_by!r}"
+    if j.pool_by not in POOL_BY:
+        return f"judge.pool_by must be one of {', '.join(POOL_BY)}, got {j.pool_by!r}"
     if j.pool_bad > j.pool_good:
         return f"judge.pool_bad ({j.pool_bad}) must be ≤ judge.pool_good ({j.pool_good})"
     try:

@@ -758,8 +758,10 @@ class JudgeConfig:
             (default 1).
         max_items: the rubric never grows past this many items (default 16).
         pool_by: what sorts responses into the good / neutral / bad pools: ``env``
-            (default: the episode's env return) or ``rubric`` (the rubric reward over
-            ``Σ_k w_k``).
+            (default: the episode's env return), ``rubric`` (the rubric reward over
+            ``Σ_k w_k``) or ``rank`` (the response's rank among its task's responses of
+            the iteration, as a quantile in [0, 1]: with the default thresholds the top
+            quarter of a group is good and the bottom quarter bad; no reward needed).
         pool_good: a response scoring at least this is good (default 0.75).
         pool_bad: at most this is bad (default 0.25).
         pool_size: responses kept per task and pool (default 16).
