@@ -37,12 +37,13 @@ async def _play(run: Agent, base_url: str, api_key: str, tasks: int, env: str) -
     )
 
 
-def main(run: Agent, description: str) -> None:
-    """The command line of an example agent (see the module docstring)."""
+def main(run: Agent, description: str, env: str = "shop") -> None:
+    """The command line of an example agent (see the module docstring); ``env`` is the
+    default of ``--env``."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     p.add_argument("--api-key", default="unused")
     p.add_argument("--tasks", type=int, default=10)
-    p.add_argument("--env", default="shop")
+    p.add_argument("--env", default=env)
     a = p.parse_args()
     asyncio.run(_play(run, a.base_url, a.api_key, a.tasks, a.env))

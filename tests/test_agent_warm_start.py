@@ -6,6 +6,7 @@ start leaves it unable to (tests/agent_fixtures.py:styled_agent, real server on
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,8 +17,14 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from credo.agent import AgentSession, agent_params
-from credo.agent.demos import check_reply_format, collect_agent_demonstrations
+from credo.agent.demos import (
+    TOOL_CALL,
+    check_reply_format,
+    collect_agent_demonstrations,
+    tool_call_text,
+)
 from credo.envs import Task
+from credo.serve.tools import parse_tool_calls
 from credo.train.config import ConfigError, load_config
 from credo.train.run import build_run
 from credo.train.warmstart import warm_start, warm_start_key
@@ -124,3 +131,64 @@ def test_the_agents_warm_start_teaches_its_format_where_credos_does_not() -> Non
     on 48 held-out tasks)."""
     assert _success_through_the_agent([]) == 0.0
     assert _success_through_the_agent(["sft.agent_reply='MOVE: {action}'"]) > 0.2
+
+
+# ------------------------------------------------------------- real tool calls
+TOOL_AGENT = "examples/tool_call_agent.py:run"
+TOOLS_BASE = [
+    "env.name=tools",
+    "env.kwargs={difficulty: easy}",
+    "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
+    f"rollout.agent={TOOL_AGENT}",
+    "rollout.agent_timeout_s=60",
+    "sft.agent_reply=tool_call",
+    "train.threads=1",
+]
+
+
+def test_the_oracle_answers_a_tool_calling_agent_with_tool_calls() -> None:
+    """``sft.agent_reply=tool_call``: each oracle action goes back to the agent as a tool
+    call that the server parsed from the reply's text (``message.tool_calls``); the agent
+    runs it, so every ticket is solved, and each recorded reply is the call's text."""
+    cfg = load_config("grpo", TOOLS_BASE)
+    run = build_run(cfg)
+    try:
+        a = agent_params(cfg)
+        episodes, solved = collect_agent_demonstrations(
+            TOOL_AGENT, run.policy, run.make_env, reply=TOOL_CALL, episodes=4, epsilon=0.0,
+            env_data={"env": a.env, "env_kwargs": a.env_kwargs},
+        )  # fmt: skip
+        tok = run.policy.tokenizer
+        assert solved == 1.0 and len(episodes) == 4
+        for ep in episodes:
+            env = run.make_env()
+            env.reset(Task.make("train", ep.group))
+            for step in ep.steps:
+                want = env.oracle_action()
+                name, args = env.action_as_call(want)
+                text = tok.decode(step.response_ids, skip_special_tokens=True).strip()
+                # the built-in tokenizer keeps the spaced call whole: it parses back
+                assert text == tool_call_text(name, args)
+                assert parse_tool_calls(text) == (None, [(name, json.dumps(args))])
+                assert "<unk>" not in text
+                env.step(want)
+    finally:
+        run.close()
+
+
+def test_tool_call_text_by_hand() -> None:
+    assert tool_call_text("refund", {"order_id": 3, "amount": 30}) == (
+        '<tool_call> { "name" : "refund" , "arguments" : { "order_id" : 3 , "amount" : 30 } }'
+        " </tool_call>"
+    )
+    assert (
+        tool_call_text("done", {})
+        == '<tool_call> { "name" : "done" , "arguments" : { } } </tool_call>'
+    )
+    assert parse_tool_calls(tool_call_text("done", {})) == (None, [("done", "{}")])
+
+
+def test_tool_call_replies_need_an_env_that_turns_actions_into_calls() -> None:
+    with pytest.raises(ConfigError, match="has no action_as_call"):
+        load_config("grpo", [*BASE, "sft.agent_reply=tool_call"])  # GuessEnv
+    assert load_config("grpo", TOOLS_BASE).sft.agent_reply == "tool_call"

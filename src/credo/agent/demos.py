@@ -10,7 +10,10 @@ itself against credo's server, where an :class:`OracleReplier` stands in for the
 1. each agent episode plays a task; the replier keeps a *mirror* of that episode's env
    (the same env, built from the same task), and answers every request of the episode's
    session with the mirror's ``oracle_action()`` (with probability ε, for the noisy
-   demonstrations, with ``sample_action``), written as ``sft.agent_reply`` says, then
+   demonstrations, with ``sample_action``), written as ``sft.agent_reply`` says (a
+   template such as ``"Action: {action}"``, or ``tool_call``: the action as a real tool
+   call, for an agent that sends ``tools=`` and reads ``message.tool_calls``; the env
+   turns its action into ``(name, arguments)`` with ``action_as_call``), then
    steps the mirror with that action: the agent, which parses the reply and plays it in
    its own env, stays in the mirror's state;
 2. every request is recorded as ``(the exact prompt tokens the server rendered from the
@@ -26,6 +29,7 @@ that solves none is one line naming the reply format.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Callable, Sequence
@@ -38,12 +42,44 @@ from credo.data import Episode, Step
 from credo.envs.base import Task
 from credo.policy.base import Generation, SamplingParams
 
-__all__ = ["OracleReplier", "check_reply_format", "collect_agent_demonstrations"]
+__all__ = [
+    "TOOL_CALL",
+    "OracleReplier",
+    "check_reply_format",
+    "collect_agent_demonstrations",
+    "tool_call_text",
+    "tool_call_words",
+]
+
+#: ``sft.agent_reply`` for an agent that reads real tool calls (``tools=`` requests,
+#: ``message.tool_calls``): each oracle action is written as a tool call
+#: (:func:`tool_call_text`), which the server parses back into ``tool_calls``.
+TOOL_CALL = "tool_call"
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call as the model writes it in credo's text format, spaced so that the
+    built-in word-level tokenizer keeps it whole (valid JSON inside the block, which
+    :func:`credo.serve.tools.parse_tool_calls` reads back)::
+
+        <tool_call> { "name" : "refund" , "arguments" : { "order_id" : 3 } } </tool_call>
+    """
+    inner = " , ".join(f"{json.dumps(k)} : {json.dumps(v)}" for k, v in arguments.items())
+    args = f"{{ {inner} }}" if inner else "{ }"
+    return f'<tool_call> {{ "name" : {json.dumps(name)} , "arguments" : {args} }} </tool_call>'
+
+
+def tool_call_words(names: Sequence[str]) -> list[str]:
+    """The words a tool call adds to a vocabulary (the built-in model's): the block's
+    tags, its keys and each tool's quoted name."""
+    return ["<tool_call>", "</tool_call>", '"name"', '"arguments"', *map(json.dumps, names)]
 
 
 def check_reply_format(reply: str) -> str | None:
     """Why ``reply`` cannot be a reply template (``None``: it can): it must hold
-    ``{action}`` exactly once and no other ``{...}`` field."""
+    ``{action}`` exactly once and no other ``{...}`` field, or be :data:`TOOL_CALL`."""
+    if reply == TOOL_CALL:
+        return None
     if not isinstance(reply, str) or reply.count("{action}") != 1:
         return f"sft.agent_reply must contain {{action}} exactly once, got {reply!r}"
     rest = reply.replace("{action}", "")
@@ -132,11 +168,20 @@ class OracleReplier:
                     action = str(m.env.oracle_action())
                 if not m.done:
                     m.done = bool(m.env.step(action).done)
-                text = self.reply.format(action=action)
+                text = self._write(m.env, action)
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + self._end
                 m.calls.append((list(prompt), ids))
                 out.append(Generation(ids, torch.zeros(len(ids)), text, finished=True))
         return out
+
+    def _write(self, env: Any, action: str) -> str:
+        """The reply that carries ``action``: the template filled in, or, with
+        :data:`TOOL_CALL`, the action as a tool call (an action that is no valid call,
+        e.g. a noisy one, is written as plain text: the agent sees no call)."""
+        if self.reply != TOOL_CALL:
+            return self.reply.format(action=action)
+        call = env.action_as_call(action) if action else None
+        return tool_call_text(*call) if call is not None else action
 
 
 def collect_agent_demonstrations(

@@ -1119,6 +1119,32 @@ class ToolsEnv:
         m = _CALL_RE.match(action[: MAX_CALL_CHARS + 1])
         return m is not None and m.group(1) in TOOLS and m.group(1) not in _CLOSING
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools as OpenAI function definitions (``tools=`` of a chat request), for
+        an agent that calls them as real tool calls; every argument is required."""
+        kinds = {int: "integer", str: "string"}
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "parameters": {
+                        "type": "object",
+                        "properties": {k: {"type": kinds[t]} for k, t in schema.items()},
+                        "required": list(schema),
+                    },
+                },
+            }
+            for name, schema in TOOLS.items()
+            if name not in _CLOSING or name == self.closing  # the ticket's closing tool
+        ]
+
+    def action_as_call(self, action: str) -> tuple[str, dict[str, Any]] | None:
+        """``action`` as a tool call ``(name, arguments)`` (``None`` when it is not a
+        valid call): what an agent with real tool calls would receive for it."""
+        call = parse_call(action)
+        return None if isinstance(call, CallError) else call
+
     def extract_action(self, text: str) -> str | None:
         """Find the first ``tool{...}`` call of a known tool in a chat model's free-form
         reply (``None`` if there is none). The call runs to the brace that closes its

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from credo.agent.demos import TOOL_CALL, tool_call_words
 from credo.critics.verify import CriticGuard, guard_from_config
 from credo.envs.base import Task, make_env, resolve_env
 from credo.eval.evaluate import EvalResult, evaluate
@@ -484,7 +485,10 @@ def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.model.name is None:
         words = env_vocabulary(env, make, history_tokens=cfg.rollout.history_tokens)
-        if cfg.sft.agent_reply is not None:  # the words of the agent's reply format
+        if cfg.sft.agent_reply == TOOL_CALL:  # the words of a tool call
+            names = [t["function"]["name"] for t in env.tool_schemas()]
+            words = [*words, *tool_call_words(names)]
+        elif cfg.sft.agent_reply is not None:  # the words of the agent's reply format
             words = [*words, *split_words(cfg.sft.agent_reply.replace("{action}", " "))]
         seed = cfg.warm_start_seed if cfg.sft.enabled else cfg.train.seed  # SFT's start
         policy = create_tiny_policy(words, cfg.model.tiny, seed=seed)

@@ -451,8 +451,11 @@ class SFTConfig:
             (docs/algorithms.md#rényi-opsd).
         agent_reply: with ``rollout.agent``, the warm start runs the agent itself with
             the env's oracle answering in the model's place, each reply written as this
-            template (e.g. ``"Action: {action}"``), and trains on the exact prompts the
-            agent sent (:mod:`credo.agent.demos`, ``docs/serve.md``). Default ``None``:
+            template (e.g. ``"Action: {action}"``), or ``tool_call`` (the action as a
+            tool call, for an agent that sends ``tools=`` and reads
+            ``message.tool_calls``; the env needs ``action_as_call``, as ``tools`` has),
+            and trains on the exact prompts the agent sent (:mod:`credo.agent.demos`,
+            ``docs/serve.md``). Default ``None``:
             credo's own prompts (the env's oracle demonstrations as credo renders them).
         cache: reuse a warm start with the same config hash from the cache folder
             (``$CREDO_CACHE`` or ``~/.cache/credo``; default true).

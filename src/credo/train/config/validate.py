@@ -81,6 +81,17 @@ def _env(cfg: Config) -> None:
         raise ConfigError(f"env.name={name!r}: {exc}") from None
 
 
+def _env_has(cfg: Config, method: str) -> bool:
+    """The env class of ``env.name`` has ``method`` (true when it does not resolve:
+    :func:`_env` says why)."""
+    from credo.envs.base import resolve_env
+
+    try:
+        return callable(getattr(resolve_env(cfg.env.name), method, None))
+    except Exception:
+        return True
+
+
 def _env_workers(cfg: Config) -> None:
     """``rollout.env_workers`` and its Ray settings (Ray itself is checked when N ≥ 2)."""
     r = cfg.rollout
@@ -460,6 +471,13 @@ def _sft(cfg: Config) -> None:
             )
         if problem := check_reply_format(s.agent_reply):
             raise ConfigError(problem)
+        if s.agent_reply == "tool_call" and not _env_has(cfg, "action_as_call"):
+            raise ConfigError(
+                f"sft.agent_reply=tool_call writes the oracle's actions as tool calls: env "
+                f"{cfg.env.name!r} has no action_as_call(action) to turn an action into "
+                "(name, arguments) (the tools env has); or give a reply template such as "
+                "'Action: {action}'"
+            )
         if s.privileged is not None:
             raise ConfigError(
                 "sft.agent_reply records the agent's own prompts, which carry no privileged "
