@@ -25,12 +25,14 @@ from credo.critics import (
     load_critic,
     load_labels,
     load_trajectories,
+    make_labeller,
     new_critic,
     save_labels,
     save_trajectories,
     split_by_task,
     train_critic,
 )
+from credo.critics.model_labeller import ENV_CLASSES, QUESTIONS, ModelLabeller
 from credo.data import Episode, Step
 from credo.envs.base import Task
 from credo.envs.shop import ShopEnv
@@ -109,6 +111,87 @@ def test_labeller_checks_the_replay_and_the_env() -> None:
         label_episodes("nope", lambda: ShopEnv("easy"), [ep])
     with pytest.raises(ValueError, match="train/SEED"):
         label_episodes("shop", lambda: ShopEnv("easy"), [Episode(0, [], task_id="x")])
+
+
+# ------------------------------------------------------- the privileged model labeller
+class TableJudge:
+    """Scores (question, action) from a table (default 0.1) and records every context."""
+
+    def __init__(self, table: dict[tuple[str, str], float]) -> None:
+        self.table, self.contexts = table, []
+
+    def scores(self, questions, responses, contexts=None):  # type: ignore[no-untyped-def]
+        self.contexts += list(contexts or [])
+        return torch.tensor([self.table.get((q, r), 0.1) for q, r in zip(questions, responses)])
+
+
+def test_the_model_labeller_takes_the_likeliest_error_over_the_threshold() -> None:
+    make = lambda: ToolsEnv("easy", max_turns=20)  # noqa: E731
+    task = Task("train", 2)
+    refund = 'refund { "order_id" : 286 , "amount" : 50 }'
+    look = 'get_order { "order_id" : 286 }'
+    judge = TableJudge({
+        (QUESTIONS["wrong_tool"], refund): 0.9,  # the likeliest error of the refund
+        (QUESTIONS["wrong_argument"], refund): 0.7,
+        (QUESTIONS["unnecessary_step"], look): 0.45,  # under the threshold of 0.5
+    })  # fmt: skip
+    labeller = ModelLabeller(judge, ENV_CLASSES["tools"], threshold=0.5)
+    env = make()
+    env.reset(task)
+    oracle = env.oracle_action()
+    actions = [refund, look, oracle]
+    got = label_episodes("tools", make, [_episode(task, actions)], labeller=labeller)
+    assert [x.error for x in got] == ["wrong_tool", "ok", "ok"]
+    assert all(x.fix for x in got) and got[0].fix == oracle  # the fix is the oracle's action
+    # the model read the privileged facts: the goal and the oracle's next action
+    assert f"The correct next action is: {oracle}" in judge.contexts[0]
+    assert env.instruction() in judge.contexts[0]
+    # five tools classes asked for each of the first two actions; the oracle's own
+    # action is ok without asking
+    assert len(judge.contexts) == 2 * len(ENV_CLASSES["tools"])
+    lower = ModelLabeller(judge, ENV_CLASSES["tools"], threshold=0.4)
+    got = label_episodes("tools", make, [_episode(task, actions)], labeller=lower)
+    assert [x.error for x in got] == ["wrong_tool", "unnecessary_step", "ok"]
+
+
+def test_a_model_labels_through_make_labeller(tmp_path: Path) -> None:
+    """A saved policy folder (here a small built-in model) is a labelling model: every
+    label is a class the env can show, the oracle's own actions are ok."""
+    from credo.policy.tiny import create_tiny_policy
+
+    env = ToolsEnv("easy", max_turns=20)
+    words = [*env.vocabulary(), "yes", "no", "goal", "correct", "next", "action", "is"]
+    create_tiny_policy(words, TinyModelConfig(32, 1, 2, 64), seed=0).save(tmp_path / "m")
+    labeller = make_labeller("model", "tools", model=str(tmp_path / "m"))
+    task = Task("train", 2)
+    actions = ['get_order { "order_id" : 233 }', 'check_policy { "order_id" : 286 }']
+    got = label_episodes("tools", lambda: ToolsEnv("easy", max_turns=20),
+                         [_episode(task, actions)], labeller=labeller)  # fmt: skip
+    assert len(got) == 2 and {x.error for x in got} <= {"ok", *ENV_CLASSES["tools"]}
+    assert got[1].error == "ok"  # the oracle's action
+
+
+def test_labeller_choices_are_checked_in_one_line() -> None:
+    from credo.pipeline.cast import LabelParams
+
+    with pytest.raises(ValueError, match="labeller must be one of rules, model"):
+        make_labeller("llm", "shop")
+    with pytest.raises(ValueError, match="needs a model"):
+        make_labeller("model", "shop")
+    with pytest.raises(ValueError, match="threshold must be in"):
+        ModelLabeller(TableJudge({}), threshold=0.0)
+    with pytest.raises(ValueError, match="error classes of"):
+        ModelLabeller(TableJudge({}), ["ok"])
+    with pytest.raises(ValueError, match="labeller must be one of rules, model"):
+        LabelParams(labeller="oracle")
+    with pytest.raises(ValueError, match="needs labeller_model"):
+        LabelParams(labeller="model")
+    # rules read no context and give the same labels as label_episodes' default
+    make = lambda: ShopEnv("easy", max_turns=20)  # noqa: E731
+    ep = _episode(Task("train", 0), ["search[brown dress]", "back"])
+    assert label_episodes("shop", make, [ep], labeller=make_labeller("rules", "shop")) == (
+        label_episodes("shop", make, [ep])
+    )
 
 
 # ---------------------------------------------------------------------- metrics

@@ -44,6 +44,7 @@ from credo.critics import (
     label_episodes,
     load_labels,
     load_trajectories,
+    make_labeller,
     new_critic,
     save_labels,
     save_trajectories,
@@ -77,6 +78,9 @@ def label_stage(
     tasks: int = 64,
     first_task: int = 0,
     seed: int = 0,
+    labeller: str = "rules",
+    labeller_model: str | None = None,
+    labeller_threshold: float = 0.5,
 ) -> dict[str, float]:
     """Label every action of stored trajectories (or of fresh rollouts) from privileged
     information (:func:`credo.critics.label_episodes`).
@@ -95,6 +99,11 @@ def label_stage(
         tasks: tasks to roll out (``rollout.group_size`` episodes each).
         first_task: index of the first training task.
         seed: the sampling seed of the rollouts.
+        labeller: who labels: ``rules`` (the env's label rules) or ``model`` (a
+            privileged model, :mod:`credo.critics.model_labeller`).
+        labeller_model: the model labeller's model (an alias, an HF folder or name, or
+            a run's policy folder).
+        labeller_threshold: the model labeller's smallest verdict score for an error.
 
     Returns:
         ``label/steps``, ``label/errors``, ``label/error_rate``, ``label/episodes``,
@@ -102,6 +111,13 @@ def label_stage(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    who = make_labeller(
+        labeller,
+        cfg.env.name,
+        model=labeller_model,
+        threshold=labeller_threshold,
+        device="cpu" if cfg.model.device == "auto" else cfg.model.device,
+    )
     run = build_run(cfg, policy_path=Path(policy) if policy is not None else None)
     try:
         decode = _decode(run.policy.tokenizer)
@@ -124,6 +140,7 @@ def label_stage(
             episodes,
             decode=decode,
             render=lambda i, h, o: decode(renderer.prompt_ids(i, h, o)),
+            labeller=who,
         )
     finally:
         run.close()

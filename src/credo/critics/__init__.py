@@ -21,10 +21,12 @@ from credo.critics.critique_sft import (
 from credo.critics.fit import class_weights, evaluate_critic, split_by_task, train_critic
 from credo.critics.labeller import (
     LABEL_RULES,
+    LABELLERS,
     LabelledStep,
     label_counts,
     label_episodes,
     load_labels,
+    make_labeller,
     register_label_rule,
     save_labels,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "CLASSES",
     "CORRECTIONS_FROM",
     "CRITIQUES",
+    "LABELLERS",
     "LABEL_RULES",
     "ON_FLAG",
     "Critic",
@@ -58,6 +61,7 @@ __all__ = [
     "load_critic",
     "load_labels",
     "load_trajectories",
+    "make_labeller",
     "new_critic",
     "register_label_rule",
     "save_labels",

@@ -8,6 +8,10 @@ each episode's task, checks that the env shows the recorded observation, labels 
 action and executes it, step by step. The output is one :class:`LabelledStep` per action
 with the step-local context the policy saw (the critic's input) and the privileged label
 (its target).
+
+Who labels is a :data:`LABELLERS` name (:func:`make_labeller`): ``rules`` (above) or
+``model``, a privileged language model asked one yes/no question per error class with the
+goal and the oracle's next action in view (:mod:`credo.critics.model_labeller`).
 """
 
 from __future__ import annotations
@@ -28,11 +32,14 @@ from credo.utils.atomic import write_text_atomic
 from credo.utils.registry import Registry
 
 __all__ = [
+    "LABELLERS",
     "LABEL_RULES",
     "LabelledStep",
+    "Labeller",
     "label_counts",
     "label_episodes",
     "load_labels",
+    "make_labeller",
     "register_label_rule",
     "save_labels",
     "task_of",
@@ -49,6 +56,45 @@ def register_label_rule(env_name: str) -> Callable[[LabelRule], LabelRule]:
 
 register_label_rule("shop")(label_shop_action)
 register_label_rule("tools")(label_tools_action)
+
+#: A labeller: ``(env, action, context) -> StepLabel``, the env in the state the action was
+#: taken in (not stepped), ``context`` the prompt the policy saw.
+Labeller = Callable[[Any, str, str], StepLabel]
+
+#: Who labels (``label.labeller``): the env's hand-written ``rules``, or a privileged
+#: ``model`` (:mod:`credo.critics.model_labeller`).
+LABELLERS = ("rules", "model")
+
+
+def make_labeller(
+    kind: str,
+    env_name: str,
+    *,
+    model: str | None = None,
+    threshold: float = 0.5,
+    device: str = "cpu",
+) -> Labeller:
+    """The labeller ``kind`` names for env ``env_name``: ``rules`` (its registered rule,
+    which reads no context) or ``model`` (``model``: an alias such as ``smollm2-135m``, an
+    HF folder or name, or a run's policy folder; asked about the env's error classes).
+    ValueError in one line naming what is accepted."""
+    if kind == "rules":
+        rule = LABEL_RULES.get(env_name)
+        return lambda env, action, context: rule(env, action)
+    if kind != "model":
+        raise ValueError(f"labeller must be one of {', '.join(LABELLERS)}, got {kind!r}")
+    if not model:
+        raise ValueError(
+            "the model labeller needs a model: an alias (smollm2-135m), an HF folder or name, "
+            "or a run's policy folder"
+        )
+    from credo.critics.model_labeller import ENV_CLASSES, ModelLabeller
+    from credo.policy import HFPolicy
+    from credo.policy.models import resolve_model
+    from credo.teachers.judge import Judge
+
+    policy = HFPolicy.from_pretrained(resolve_model(model), device=device)
+    return ModelLabeller(Judge(policy), ENV_CLASSES.get(env_name), threshold)
 
 
 @dataclass(frozen=True)
@@ -99,6 +145,7 @@ def label_episodes(
     decode: Callable[[list[int]], str] | None = None,
     render: Callable[[str, list[Turn], str], str] | None = None,
     env_seed: int = 0,
+    labeller: Labeller | None = None,
 ) -> list[LabelledStep]:
     """Label every action of ``episodes`` (see the module docstring).
 
@@ -113,6 +160,8 @@ def label_episodes(
             (the instruction the env shows, the past turns, the observation); without
             it such a step's context is its observation.
         env_seed: the seed passed to ``env.reset``.
+        labeller: ``labeller(env, action, context) -> StepLabel`` in the state before the
+            action (:func:`make_labeller`); ``None``: the env's label rule.
 
     Returns:
         One :class:`LabelledStep` per step, episode by episode. Steps after an env error
@@ -122,7 +171,7 @@ def label_episodes(
         ValueError: no rule for ``env_name``; a replayed observation differs from the
             recorded one (the episodes come from another env configuration).
     """
-    rule = LABEL_RULES.get(env_name)
+    rule = LABEL_RULES.get(env_name) if labeller is None else None
     out: list[LabelledStep] = []
     for i, ep in enumerate(episodes):
         env = make_env()
@@ -135,7 +184,6 @@ def label_episodes(
                     f"trajectory recorded {step.observation[:60]!r}; label with the env "
                     "configuration the trajectories were sampled in"
                 )
-            label = rule(env, step.action)
             if "prompt" in step.info:
                 context = str(step.info["prompt"])
             elif step.prompt_ids and decode is not None:
@@ -145,6 +193,9 @@ def label_episodes(
                 context = render(instruction, history, obs)
             else:
                 context = obs
+            label = (
+                rule(env, step.action) if labeller is None else labeller(env, step.action, context)
+            )
             out.append(
                 LabelledStep(
                     ep.task_id,

@@ -45,11 +45,37 @@ class LabelParams:
         tasks: training tasks to roll out, ``rollout.group_size`` episodes each (default 64).
         first_task: index of the first of them (default 0).
         seed: the rollouts' sampling seed (default 0).
+        labeller: who labels: ``rules`` (default: the env's hand-written label rules) or
+            ``model`` (a privileged model shown the goal and the oracle's next action,
+            asked one yes/no question per error class; :mod:`credo.critics.model_labeller`).
+        labeller_model: the model labeller's model: an alias (``smollm2-135m``), an HF
+            folder or name, or a run's policy folder (default ``None``; required with
+            ``model``).
+        labeller_threshold: the model labeller's smallest verdict score p(yes)/(p(yes) +
+            p(no)) that makes an error label (default 0.5).
     """
 
     tasks: int = 64
     first_task: int = 0
     seed: int = 0
+    labeller: str = "rules"
+    labeller_model: str | None = None
+    labeller_threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        from credo.critics import LABELLERS
+
+        if self.labeller not in LABELLERS:
+            raise ValueError(
+                f"labeller must be one of {', '.join(LABELLERS)}, got {self.labeller!r}"
+            )
+        if self.labeller == "model" and not self.labeller_model:
+            raise ValueError(
+                "labeller: model needs labeller_model (an alias such as smollm2-135m, an HF "
+                "folder or name, or a run's policy folder)"
+            )
+        if not 0.0 < self.labeller_threshold <= 1.0:
+            raise ValueError(f"labeller_threshold must be in (0, 1], got {self.labeller_threshold}")
 
 
 @register_stage(
@@ -69,6 +95,9 @@ def label(ctx: StageContext) -> StageResult:
         tasks=p.tasks,
         first_task=p.first_task,
         seed=p.seed,
+        labeller=p.labeller,
+        labeller_model=p.labeller_model,
+        labeller_threshold=p.labeller_threshold,
     )
     summary = {"steps": m["label/steps"], "error_rate": m["label/error_rate"]}
     return StageResult(
