@@ -27,7 +27,9 @@ must do:
 The optional methods used here let credo warm-start the built-in model (oracle_action,
 sample_action), give its tokenizer every word (vocabulary), show the goal on every
 prompt (instruction) and give a teacher text the student never sees
-(privileged_context: on-policy distillation with a privileged teacher).
+(privileged_context: on-policy distillation with a privileged teacher), and describe a
+task by its facts so that a chat model can write variants of it (task_spec, with reset
+honouring ``task.data["spec"]``: RODS's ``llm`` synthesiser).
 """
 
 import random
@@ -43,7 +45,12 @@ class GuessEnv:
         self.high, self.max_turns = high, max_turns
 
     def reset(self, task: Task, seed: int = 0) -> str:
-        self.secret = random.Random(task.seed).randint(1, self.high)
+        spec = task.data.get("spec")  # optional: a task given by its facts (task_spec)
+        if spec is not None and not (
+            type(spec.get("secret")) is int and 1 <= spec["secret"] <= self.high
+        ):
+            raise ValueError(f"a guess task's spec is {{'secret': 1..{self.high}}}, got {spec!r}")
+        self.secret = spec["secret"] if spec else random.Random(task.seed).randint(1, self.high)
         self.lo, self.hi, self.turn = 1, self.high, 0
         return self.observation()
 
@@ -87,6 +94,9 @@ class GuessEnv:
 
     def sample_action(self, rng: random.Random) -> str:  # optional: a random plausible move
         return f"guess[{rng.randint(self.lo, self.hi)}]"
+
+    def task_spec(self) -> dict:  # optional: the facts of this task (RODS's llm synthesiser)
+        return {"secret": self.secret}
 
     def privileged_context(self, kind: str) -> str | None:  # optional: a teacher's hint
         if kind == "oracle":

@@ -5,10 +5,12 @@ critique, and the buffer that grows only by verified variants."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
 import pytest
+from examples.custom_env import GuessEnv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +18,7 @@ from credo.envs.base import HELDOUT_SEED_OFFSET, VARIANT_SEED_OFFSET, Task
 from credo.envs.shop import ShopEnv
 from credo.envs.tools import ToolsEnv
 from credo.tasks import RodsParams, RodsSource, TaskSourceContext, TaskStats
+from credo.tasks.llm_synthesis import PROMPT, LLMSynthesiser, first_json_object, same_shape
 from credo.tasks.synthesis import Plan, RuleSynthesiser, action_verb, synthesise, task_key
 from test_tasks_rods import _episodes
 
@@ -229,5 +232,100 @@ def test_an_env_without_an_oracle_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"has no oracle_action.*synthesiser=similar"):
         RodsSource(TaskSourceContext(10, 2, NoOracle), RodsParams(seed_pool=3))
     RodsSource(TaskSourceContext(10, 2, NoOracle), RodsParams(seed_pool=3, synthesiser="similar"))
-    with pytest.raises(ValueError, match="synthesiser must be one of rules, similar"):
-        RodsParams(synthesiser="llm")
+    with pytest.raises(ValueError, match="synthesiser must be one of rules, llm, similar"):
+        RodsParams(synthesiser="templates")
+
+
+# ------------------------------------------------------------ the llm synthesiser
+def test_first_json_object_and_same_shape_by_hand() -> None:
+    assert first_json_object('sure! {"secret": 9} and {"secret": 2}') == {"secret": 9}
+    assert first_json_object('{broken {"a": [1, 2]}') == {"a": [1, 2]}
+    assert first_json_object("no json here") is None
+    assert first_json_object("[1, 2]") is None
+    assert same_shape({"secret": 9}, {"secret": 13})
+    assert not same_shape({"secret": "9"}, {"secret": 13})  # a string is not an integer
+    assert not same_shape({"secret": 9.0}, {"secret": 13})  # nor is a float
+    assert not same_shape({"secret": True}, {"secret": 13})  # nor a bool
+    assert not same_shape({"secret": 9, "x": 1}, {"secret": 13})  # another key
+    assert same_shape({"items": [{"n": 1}, {"n": 2}]}, {"items": [{"n": 5}]})
+    assert not same_shape({"items": [{"m": 1}]}, {"items": [{"n": 5}]})
+
+
+class ScriptedChat:
+    """A chat model that replies from a script, and records what it was asked."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies, self.prompts, self.seeds = list(replies), [], []
+
+    def __call__(self, prompt: str, seed: int) -> str:
+        self.prompts.append(prompt)
+        self.seeds.append(seed)
+        return self.replies.pop(0)
+
+
+def _guess() -> GuessEnv:
+    return GuessEnv(high=16, max_turns=5)
+
+
+def test_the_llm_executor_keeps_the_first_reply_the_env_accepts() -> None:
+    # seed 0's secret is 13: the oracle's binary search takes 4 guesses
+    chat = ScriptedChat([
+        "I cannot do that",  # no JSON
+        '{"number": 5}',  # other keys
+        '{"secret": 40}',  # out of range: the env's reset refuses it
+        '{"secret": 13}',  # the parent itself
+        'Here: {"secret": 9}',  # accepted by the executor (9 also takes 4 guesses)
+    ])  # fmt: skip
+    synth = LLMSynthesiser(_guess, chat, tries=8)
+    plan = synth.plan(Task.make("train", 0))
+    assert synth.specs[plan.parent] == {"secret": 13} and plan.skeleton == ("guess",) * 4
+    task = synth.execute(plan, random.Random(0))
+    assert task is not None and task.data == {"spec": {"secret": 9}}
+    assert VARIANT_SEED_OFFSET <= task.seed < HELDOUT_SEED_OFFSET
+    assert len(chat.prompts) == 5 and '{"secret": 13}' in chat.prompts[0]
+    assert chat.prompts[0] == PROMPT.format(spec='{"secret": 13}')
+    reason, _ = synth.critique(task, plan, set())
+    assert reason is None
+    # secret 4 takes 2 guesses, 16 takes 5: off the plan's skeleton of 4
+    for secret in (4, 16):
+        other = Task("train", VARIANT_SEED_OFFSET + secret, {"spec": {"secret": secret}})
+        assert synth.critique(other, plan, set())[0] == "off_plan"
+    # secret 8 is found by the first guess: a plan of one step makes trivial variants
+    eight = Task("train", VARIANT_SEED_OFFSET + 8, {"spec": {"secret": 8}})
+    assert synth.critique(eight, synth.plan(eight), set())[0] == "trivial"
+    # no acceptable reply within tries: None
+    refusing = LLMSynthesiser(_guess, ScriptedChat(["{}"] * 2), tries=2)
+    assert refusing.execute(refusing.plan(Task.make("train", 0)), random.Random(0)) is None
+    synth.forget(plan.parent)
+    assert plan.parent not in synth.specs
+
+
+def test_rods_grows_its_buffer_with_llm_variants() -> None:
+    """The whole path through RodsSource: a boundary task's variants written by the chat
+    model, verified by the oracle, enter the buffer with their spec."""
+    ctx = TaskSourceContext(train_tasks=10, tasks_per_iter=2, make_env=_guess)
+    params = RodsParams(seed_pool=2, max_pool=10, spawn=0, signal="success", synthesiser="llm")
+    src = RodsSource(ctx, params)  # spawn 0: no chat model is loaded here ...
+    src.params = dataclasses.replace(params, spawn=2)  # ... the scripted one is given
+    src._synth = LLMSynthesiser(_guess, ScriptedChat(['{"secret": 9}', '{"secret": 9}']))
+    src.pool = [TaskStats("train", 0)]
+    src.used_seeds = src.seeds_seen = {0}
+    tasks = [Task.make("train", 0)]
+    m = src.observe(tasks, _episodes({tasks[0].id: [1, 0, 1, 0]}, tasks), seed=0)
+    # two proposals: secret 9 is verified and enters; 9 again is the critique's duplicate
+    assert (m["tasks/proposed"], m["tasks/spawned"]) == (2.0, 1.0)
+    assert src.rejected["duplicate"] == 1 and m["tasks/valid_rate"] == 0.5
+    (child,) = src.pool[1:]
+    assert child.data == {"spec": {"secret": 9}} and child.parent == "train/0"
+    env = _guess()
+    env.reset(child.task)  # the buffer's task is the one the chat model described
+    assert env.task_spec() == {"secret": 9}
+
+
+def test_the_llm_synthesiser_needs_task_spec() -> None:
+    with pytest.raises(ValueError, match=r"has no task_spec\(\).*synthesiser=rules"):
+        LLMSynthesiser(lambda: ToolsEnv("easy"), ScriptedChat([]))
+    with pytest.raises(ValueError, match="synthesiser must be one of rules, llm, similar"):
+        RodsParams(synthesiser="gpt")
+    with pytest.raises(ValueError, match="llm_tries must be"):
+        RodsParams(llm_tries=0)

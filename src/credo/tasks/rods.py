@@ -61,7 +61,7 @@ MAX_VARIANCE = 0.25
 #: Variances at or below this count as zero (floating-point sums of equal rewards).
 ZERO_VARIANCE = 1e-12
 #: How variants are made (:attr:`RodsParams.synthesiser`).
-SYNTHESISERS = ("rules", "similar")
+SYNTHESISERS = ("rules", "llm", "similar")
 
 
 @dataclass
@@ -94,12 +94,18 @@ class RodsParams:
             ``success`` (or ``return``) there.
         synthesiser: how variants are made: ``rules`` (default, the paper's planner,
             executor, rewrite and critique, :mod:`credo.tasks.synthesis`; needs the env's
-            ``oracle_action()``) or ``similar`` (the env's ``similar_task(task, rng)``,
-            unverified).
+            ``oracle_action()``), ``llm`` (the same roles with a chat model as the
+            executor, for user envs that describe a task with ``task_spec()`` and rebuild
+            it from ``task.data["spec"]``, :mod:`credo.tasks.llm_synthesis`) or
+            ``similar`` (the env's ``similar_task(task, rng)``, unverified).
         tries: variant seeds the executor draws for one proposal at most (default
             2000; ``rules`` only).
         min_steps: the critique rejects a variant its oracle solves in fewer actions as
-            trivial (default 2; ``rules`` only).
+            trivial (default 2; ``rules`` and ``llm``).
+        llm: the ``llm`` synthesiser's chat model: an alias (default ``smollm2-135m``),
+            an HF folder or name, or an OpenAI-compatible server's ``http(s)://`` base URL.
+        llm_model: the served model's name (default ``None``: the first the server lists).
+        llm_tries: replies the ``llm`` executor asks for one proposal at most (default 8).
     """
 
     seed_pool: int = 64
@@ -114,9 +120,21 @@ class RodsParams:
     synthesiser: str = "rules"
     tries: int = 2000
     min_steps: int = 2
+    llm: str = "smollm2-135m"
+    llm_model: str | None = None
+    llm_tries: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("seed_pool", "max_pool", "retire_after", "spawn", "tries", "min_steps"):
+        names = (
+            "seed_pool",
+            "max_pool",
+            "retire_after",
+            "spawn",
+            "tries",
+            "min_steps",
+            "llm_tries",
+        )
+        for name in names:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -147,6 +165,10 @@ class RodsParams:
             raise ValueError(
                 f"synthesiser must be one of {', '.join(SYNTHESISERS)}, got {self.synthesiser!r}"
             )
+        if not isinstance(self.llm, str) or not self.llm:
+            raise ValueError(f"llm must be a model name, folder or server URL, got {self.llm!r}")
+        if self.llm_tries < 1:
+            raise ValueError(f"llm_tries must be ≥ 1, got {self.llm_tries}")
         if self.tries < 1 or self.min_steps < 0:
             raise ValueError(
                 f"tries must be ≥ 1 and min_steps ≥ 0, got tries={self.tries}, "
@@ -274,7 +296,7 @@ class RodsSource:
         self._synth: RuleSynthesiser | None = None
         self._plans: dict[str, Plan] = {}  # the planner's reading of each parent
         if self.params.spawn > 0:  # fail now, not at the first boundary task
-            self._synthesiser() if self.params.synthesiser == "rules" else self._similar()
+            self._synthesiser() if self.params.synthesiser != "similar" else self._similar()
         self.pool: list[TaskStats] = []
         self.used_seeds: set[int] = set()  # seeds put in the buffer since the last reuse
         self.seeds_seen: set[int] = set()  # training seeds ever put in the buffer
@@ -334,6 +356,8 @@ class RodsSource:
         self.pool = [e for e in self.pool if e.id not in retire]
         for task_id in retire:  # a retired parent is planned no more
             self._plans.pop(task_id, None)
+            if self._synth is not None:
+                self._synth.forget(task_id)
         proposed_before = self.proposed_total
         spawned = self._spawn(boundary, random.Random(seed)) if self.params.spawn else 0
         self.retired_total += len(retire)
@@ -409,9 +433,18 @@ class RodsSource:
 
     def _synthesiser(self) -> RuleSynthesiser:
         if self._synth is None:
-            self._synth = RuleSynthesiser(
-                self._factory(), tries=self.params.tries, min_steps=self.params.min_steps
-            )
+            p = self.params
+            if p.synthesiser == "llm":
+                from credo.tasks.llm_synthesis import LLMSynthesiser, make_chat
+
+                self._synth = LLMSynthesiser(
+                    self._factory(),
+                    make_chat(p.llm, model=p.llm_model),
+                    tries=p.llm_tries,
+                    min_steps=p.min_steps,
+                )
+            else:
+                self._synth = RuleSynthesiser(self._factory(), tries=p.tries, min_steps=p.min_steps)
         return self._synth
 
     def _spawn(self, boundary: list[TaskStats], rng: random.Random) -> int:
@@ -423,7 +456,7 @@ class RodsSource:
                 if len(self.pool) >= self.params.max_pool:
                     break
                 self.proposed_total += 1
-                if self.params.synthesiser == "rules":
+                if self.params.synthesiser != "similar":
                     task = self._propose(parent, rng)
                 else:
                     task = self._similar_variant(parent, rng)

@@ -203,6 +203,9 @@ class RuleSynthesiser:
             return "duplicate", key
         return None, key
 
+    def forget(self, parent: str) -> None:
+        """Drop what the synthesiser keeps of a retired parent (the rules keep nothing)."""
+
     # ---------------------------------------------------------------- helpers
     def _structure(self, task: Task) -> Any:
         self.env.reset(task, 0)
