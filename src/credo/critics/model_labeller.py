@@ -28,11 +28,12 @@ with the rules is measured by ``benchmarks/cast_labeller_agreement.py``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from credo.critics.labels import CLASSES, OK, StepLabel
+from credo.teachers.rubric import Scorer
 
 __all__ = ["ENV_CLASSES", "QUESTIONS", "ModelLabeller", "privileged_facts"]
 
@@ -69,15 +70,6 @@ ENV_CLASSES: dict[str, tuple[str, ...]] = {
         "premature_close",
     ),
 }
-
-
-class Scorer(Protocol):
-    def scores(
-        self,
-        questions: Sequence[str],
-        responses: Sequence[str],
-        contexts: Sequence[str] | None = None,
-    ) -> torch.Tensor: ...
 
 
 def privileged_facts(env: Any) -> tuple[str, str]:

@@ -9,12 +9,13 @@ which every built-in action parser accepts. The result is an ordinary
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-__all__ = ["SPECIAL_TOKENS", "build_word_tokenizer", "split_words"]
+__all__ = ["SPECIAL_TOKENS", "build_word_tokenizer", "split_words", "user_message_ids"]
 
 SPECIAL_TOKENS = {
     "pad_token": "<pad>",
@@ -23,6 +24,22 @@ SPECIAL_TOKENS = {
     "eos_token": "<eos>",
 }
 _PUNCT = r"[\[\]\$;:,\.]"
+
+
+def user_message_ids(tokenizer: Any, text: str, plain: str | None = None) -> list[int]:
+    """The prompt ids of one user message ``text``, ready for the reply: the tokenizer's
+    chat template (with the generation prompt) where it has one, else ``plain`` (default
+    ``text``) encoded as it is (the built-in model's word-level tokenizer)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [
+        int(i) for i in tokenizer.encode(text if plain is None else plain, add_special_tokens=False)
+    ]
 
 
 def split_words(text: str) -> list[str]:

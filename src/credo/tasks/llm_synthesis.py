@@ -178,21 +178,13 @@ def make_chat(llm: str, *, model: str | None = None, max_new_tokens: int = 256) 
     from credo.policy import HFPolicy
     from credo.policy.base import SamplingParams
     from credo.policy.models import resolve_model
+    from credo.policy.tokenizer import user_message_ids
 
     policy = HFPolicy.from_pretrained(resolve_model(llm), device="cpu")
-    tok = policy.tokenizer
 
     def local(prompt: str, seed: int) -> str:
-        if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-        else:
-            ids = tok.encode(prompt, add_special_tokens=False)
         gen = policy.generate(
-            [list(ids)],
+            [user_message_ids(policy.tokenizer, prompt)],
             SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
             generator=torch.Generator().manual_seed(seed),
         )

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from credo.policy import HFPolicy
+from credo.policy.tokenizer import user_message_ids
 from credo.teachers.scoring import _keep_arg
 
 __all__ = [
@@ -174,15 +175,7 @@ class Judge:
         text = self.template.format(
             question=question, context=context, response=response[: self.max_response_chars]
         )
-        tok = self.policy.tokenizer
-        if self.chat:
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding
-                ids = ids["input_ids"]
-            return [int(i) for i in ids]
-        return [int(i) for i in tok.encode(text, add_special_tokens=False)]
+        return user_message_ids(self.policy.tokenizer, text)
 
     def clear_cache(self) -> None:
         """Forget every cached score (after the judge's weights changed)."""

@@ -44,12 +44,16 @@ __all__ = [
     "RubricChange",
     "RubricEvolver",
     "RubricItem",
+    "Scorer",
     "combine_rewards",
     "register_proposer",
 ]
 
 
 class Scorer(Protocol):
+    """Anything that scores ``(question, response, context)`` triples in [0, 1] (a
+    :class:`~credo.teachers.judge.Judge`; tests give tables)."""
+
     def scores(
         self,
         questions: Sequence[str],
@@ -313,6 +317,7 @@ def judge_proposer(
     if not good or not bad:
         return []
     from credo.policy.base import SamplingParams
+    from credo.policy.tokenizer import user_message_ids
 
     policy = judge.policy
     text = (
@@ -322,15 +327,7 @@ def judge_proposer(
         + bad[-1][:400]
         + "\nWrite one yes/no question that the good response passes and the bad one fails."
     )
-    tok = policy.tokenizer
-    if getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-    else:
-        ids = tok.encode(text + " question :", add_special_tokens=False)
+    ids = user_message_ids(policy.tokenizer, text, plain=text + " question :")
     gen = policy.generate(
         [list(ids)], SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     )
