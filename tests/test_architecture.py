@@ -23,8 +23,8 @@ ALLOWED: dict[str, set[str]] = {
     "serve": {"data", "policy", "rollout", "utils"},
     "integrations": {"data", "credit", "objectives", "utils"},
     "eval": {"data", "envs", "policy", "rollout", "utils"},
-    "tasks": {"data", "envs", "utils"},
-    "critics": {"data", "envs", "policy", "rollout", "utils"},
+    "tasks": {"data", "envs", "policy", "utils"},
+    "critics": {"data", "envs", "policy", "rollout", "teachers", "utils"},
     "engines": {"data", "policy", "rollout", "utils"},
     "agent": {"data", "envs", "eval", "policy", "rollout", "serve", "utils"},
     "train": {

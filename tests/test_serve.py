@@ -1277,3 +1277,13 @@ def test_episode_types() -> None:
     assert isinstance(
         calls_to_steps([_call(0, [{"role": "user", "content": "q"}], [1], ["a"])])[0], Step
     )
+
+
+def test_rods_llm_synthesiser_asks_a_served_model(server) -> None:  # type: ignore[no-untyped-def]
+    """``tasks.params.llm`` as an OpenAI-compatible base URL: each executor call is one
+    chat request to the server (its model found by listing), answered as text."""
+    from credo.tasks.llm_synthesis import make_chat
+
+    chat = make_chat(server.base_url, max_new_tokens=4)
+    replies = [chat("write a task", seed) for seed in (7, 8)]
+    assert all(isinstance(r, str) and r.strip() for r in replies)

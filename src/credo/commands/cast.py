@@ -36,6 +36,7 @@ from credo.critics import (
     BALANCE,
     CLASSES,
     CORRECTIONS_FROM,
+    LABELLERS,
     critic_from_policy,
     critique_examples,
     critique_rows,
@@ -58,7 +59,14 @@ from credo.train.run import build_run
 from credo.train.sft import sft_train
 from credo.utils.atomic import write_text_atomic
 
-__all__ = ["BALANCE", "CORRECTIONS_FROM", "critic_stage", "critique_sft_stage", "label_stage"]
+__all__ = [
+    "BALANCE",
+    "CORRECTIONS_FROM",
+    "LABELLERS",
+    "critic_stage",
+    "critique_sft_stage",
+    "label_stage",
+]
 
 
 def _write_metrics(out_dir: Path, name: str, metrics: dict[str, Any]) -> None:

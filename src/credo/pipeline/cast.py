@@ -63,7 +63,7 @@ class LabelParams:
     labeller_threshold: float = 0.5
 
     def __post_init__(self) -> None:
-        from credo.critics import LABELLERS
+        from credo.commands.cast import LABELLERS
 
         if self.labeller not in LABELLERS:
             raise ValueError(

@@ -28,7 +28,9 @@ The four roles (Fang et al. 2026, https://arxiv.org/abs/2606.19047, Section 3):
 The chat model is any causal LM credo can load (``tasks.params.llm``: an alias such as
 ``smollm2-135m``, an HF folder or name), or a model behind an OpenAI-compatible server
 (``llm`` an ``http(s)://`` base URL; ``llm_model`` its model name, default: the first the
-server lists).
+server lists). A local model samples each reply with a seed drawn from the round's
+generator, so a resumed run proposes the same variants; a served model samples as its
+server does (the request's ``seed`` is passed, and not every server honours it).
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ three decisions (:func:`decide`):
   (``synthesiser: rules``, :mod:`credo.tasks.synthesis`) plans from the parent's
   structure, instantiates new entities through the env's generator, rewords the
   instruction and has the env's oracle verify each variant; only verified ones enter the
-  buffer (``synthesiser: similar`` takes the env's ``similar_task(task, rng)``
-  unverified, the former behaviour);
+  buffer (``synthesiser: llm`` has a chat model write the variant from the env's
+  ``task_spec()``, :mod:`credo.tasks.llm_synthesis`, verified the same way;
+  ``synthesiser: similar`` takes the env's ``similar_task(task, rng)`` unverified, the
+  former behaviour);
 * **mastered** iff μ ≥ τ_hi; **dead** iff σ² = 0 and μ ≤ ``dead_eps`` (μ ≈ 0);
 * **retire** after ``retire_after`` consecutive rounds mastered (or dead): the task
   leaves the buffer.

@@ -486,7 +486,8 @@ def _policy(cfg: Config, env: Any, make: Callable[[], Any]) -> HFPolicy:
     if cfg.model.name is None:
         words = env_vocabulary(env, make, history_tokens=cfg.rollout.history_tokens)
         if cfg.sft.agent_reply == TOOL_CALL:  # the words of a tool call
-            names = [t["function"]["name"] for t in env.tool_schemas()]
+            schemas = env.tool_schemas() if hasattr(env, "tool_schemas") else []
+            names = [t["function"]["name"] for t in schemas]
             words = [*words, *tool_call_words(names)]
         elif cfg.sft.agent_reply is not None:  # the words of the agent's reply format
             words = [*words, *split_words(cfg.sft.agent_reply.replace("{action}", " "))]
