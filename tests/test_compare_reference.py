@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from credo.commands.compare import RecipeSummary, relate_to_reference, summary_table_rows
+from credo.commands.compare import (
+    RecipeSummary,
+    _token_curve,
+    relate_to_reference,
+    summary_table_rows,
+)
 
 
 def _summary(recipe: str, final: list[float], curves: list[list[tuple[int, float]]]):
@@ -45,6 +50,7 @@ def test_steps_ratio_and_paired_deltas_are_hand_worked() -> None:
     assert gigpo.seed_steps_ratio == pytest.approx([24 / 30, 16 / 30, 20 / 30])
     assert grpo.seed_steps_ratio == [1.0, 1.0, 1.0]
     assert flat.seed_steps_ratio == [None, None, None]
+    assert (grpo.tokens_ratio, gigpo.tokens_ratio, flat.tokens_ratio) == (None, None, None)
     assert gigpo.delta == pytest.approx([0.1, -0.1, 0.05])
     assert grpo.delta == [0.0, 0.0, 0.0]
     assert gigpo.median == pytest.approx(0.45)
@@ -108,3 +114,28 @@ def test_the_teacher_cost_column_shows_only_when_a_recipe_logged_it() -> None:
     cols, rows = summary_table_rows(s)
     assert [dict(zip(cols, r))["teacher s/iteration"] for r in rows] == ["—", "2.00", "—"]
     assert all(len(r) == len(cols) for r in rows)
+
+
+def test_generated_tokens_to_the_reference_are_hand_worked() -> None:
+    """Success at equal generation cost: a tree that shares prefixes generates fewer
+    tokens per iteration. Per iteration, grpo generates 100 tokens and a tree 60; both
+    reach grpo's final success (0.5) on the same iteration, so the tree got there with
+    0.6x the tokens; a run that is never reached shows a dash."""
+    metrics = [
+        [{"rollout/gen_tokens": n, "rollout/success_rate": y} for y in (0.1, 0.3, 0.5)]
+        for n in (100, 60)
+    ]
+    grpo = _summary("grpo", [0.5], [[(10, 0.1), (20, 0.3), (30, 0.5)]])
+    tree = _summary("tsbpo", [0.5], [[(10, 0.1), (20, 0.3), (30, 0.5)]])
+    flat = _summary("graph", [0.1], [[(10, 0.1), (20, 0.1), (30, 0.1)]])
+    grpo.token_curves = [_token_curve(metrics[0])]
+    tree.token_curves = [_token_curve(metrics[1])]
+    flat.token_curves = [[(100, 0.1), (200, 0.1), (300, 0.1)]]
+    assert tree.token_curves == [[(60, 0.1), (120, 0.3), (180, 0.5)]]
+    relate_to_reference([grpo, tree, flat], "grpo", smooth=1)
+    assert grpo.tokens_ratio == pytest.approx(1.0)
+    assert tree.tokens_ratio == pytest.approx(180 / 300)
+    assert flat.tokens_ratio is None
+    cols, rows = summary_table_rows([grpo, tree, flat])
+    col = "× reference's generated tokens"
+    assert [dict(zip(cols, r))[col] for r in rows] == ["1.00×", "0.60×", "—"]

@@ -92,6 +92,11 @@ class RecipeSummary:
     #: the same seed by seed: env steps to the reference's final training success *on
     #: that seed*, over the reference's own (``None``: not reached on that seed)
     seed_steps_ratio: list[float | None] = field(default_factory=list)
+    #: per seed, (generated tokens so far, training success) per iteration
+    token_curves: list[list[tuple[int, float]]] = field(default_factory=list)
+    #: generated tokens to the reference's final training success over the reference's
+    #: own (success at equal generation cost: trees and merged groups share prefixes)
+    tokens_ratio: float | None = None
     #: held-out success minus the reference recipe's, seed by seed
     delta: list[float] = field(default_factory=list)
     pass_hat_k: dict[str, list[float]] = field(default_factory=dict)
@@ -129,6 +134,7 @@ class RecipeSummary:
             "delta": self.delta,
             "steps_ratio": self.steps_ratio,
             "seed_steps_ratio": self.seed_steps_ratio,
+            "tokens_ratio": self.tokens_ratio,
             "iteration_s": statistics.fmean(self.iteration_s) if self.iteration_s else None,
             "update_s": statistics.fmean(self.update_s) if self.update_s else None,
             "steps_to_reference": self.steps_to_reference,
@@ -330,6 +336,7 @@ def compare(
             s.shifted.setdefault(label, []).append(v)
         m = res["metrics"]
         s.curves.append([(r["rollout/env_steps_total"], r["rollout/success_rate"]) for r in m])
+        s.token_curves.append(_token_curve(m))
         s.iteration_s.append(statistics.fmean(r["time/iteration_s"] for r in m))
         s.update_s.append(statistics.fmean(r["time/update_s"] for r in m))
         for k, v in _health(m, smooth).items():
@@ -427,23 +434,37 @@ def _check_one_env(recipes: Sequence[str], configs: Sequence[Config]) -> None:
         )
 
 
+def _token_curve(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(generated tokens so far, training success) per iteration of one run."""
+    total, out = 0, []
+    for r in metrics:
+        total += int(r.get("rollout/gen_tokens", 0))
+        out.append((total, r["rollout/success_rate"]))
+    return out
+
+
 def relate_to_reference(summaries: list[RecipeSummary], ref_name: str, smooth: int) -> float:
-    """Fill every summary's ``steps_to_reference``, ``steps_ratio``, ``seed_steps_ratio``
-    and ``delta`` against the recipe ``ref_name``; return the threshold: the reference's
-    final training success (mean over its last ``smooth`` iterations of the seed-averaged
-    moving average).
+    """Fill every summary's ``steps_to_reference``, ``steps_ratio``, ``seed_steps_ratio``,
+    ``tokens_ratio`` and ``delta`` against the recipe ``ref_name``; return the threshold:
+    the reference's final training success (mean over its last ``smooth`` iterations of
+    the seed-averaged moving average).
 
     ``steps_to_reference`` is the first env-step count at which a recipe's seed-averaged
     moving-average training success reaches the threshold; ``seed_steps_ratio`` does the
     same per seed, against the reference's final value and env steps on that seed;
     ``delta`` pairs the held-out success seed by seed (the seeds share a warm start, which
-    differs far more between seeds than recipes do within one)."""
+    differs far more between seeds than recipes do within one). ``tokens_ratio`` is
+    ``steps_ratio`` counted in generated tokens instead of env steps (``None`` without
+    token curves)."""
     ref = next(s for s in summaries if s.recipe == Path(ref_name).stem)
     threshold, ref_steps = _reach(ref.curves, smooth)
+    ref_tokens = _reach(ref.token_curves, smooth, threshold)[1] if ref.token_curves else None
     ref_seeds = [_reach([c], smooth) for c in ref.curves]
     for s in summaries:
         s.steps_to_reference = _reach(s.curves, smooth, threshold)[1]
         s.steps_ratio = _ratio(s.steps_to_reference, ref_steps)
+        if s.token_curves:
+            s.tokens_ratio = _ratio(_reach(s.token_curves, smooth, threshold)[1], ref_tokens)
         s.seed_steps_ratio = [
             _ratio(_reach([c], smooth, level)[1], steps)
             for c, (level, steps) in zip(s.curves, ref_seeds)
@@ -515,6 +536,7 @@ def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:
                 f"{s.steps_to_reference:,}" if s.steps_to_reference is not None else "not reached",
                 f"{s.steps_ratio:.2f}×" if s.steps_ratio is not None else "—",
                 _per_seed_ratios(s.seed_steps_ratio),
+                f"{s.tokens_ratio:.2f}×" if s.tokens_ratio is not None else "—",
                 f"{statistics.fmean(s.iteration_s):.2f}",
                 f"{statistics.fmean(s.update_s):.2f}",
                 *(
@@ -598,6 +620,7 @@ COLUMNS = [
     "env steps to reference",
     "× reference's env steps",
     "× reference's env steps, same seed: median (per seed)",
+    "× reference's generated tokens",
     "s/iteration",
     "update s/iteration",
 ]
