@@ -6,6 +6,7 @@ model generate through vLLM, the trainer re-scores vLLM's tokens with the same l
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,122 @@ def test_a_grpo_run_on_vllm_has_its_signal_and_samples_the_updated_weights(
     assert all(r["policy/kl_sampler_last"] > 100 * r["engine/logprob_diff_mean"] for r in rows)
     final = json.loads((run / "final_eval.json").read_text())
     assert final["episodes"] == 16 and final["errors"] == 0
+
+
+def _topk_reference(
+    policy: HFPolicy, prompt: list[int], tokens: list[int], k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trainer's K most likely tokens (ids, log-probs) at each generated position."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) + len(tokens) - 1]
+    top_lp, top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return top, top_lp
+
+
+def test_top_k_logprobs_are_the_trainers(smollm2: HFPolicy) -> None:
+    """``rollout.topk_logprobs`` through vLLM: at every generated position the K tokens and
+    their log-probs are the trainer's (where two neighbours are within the tolerance, their
+    order may swap)."""
+    k = 5
+    prompts = _prompts(smollm2)[:4]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12, topk_logprobs=k)
+    engine = VLLMEngine(VLLMParams(dtype="float32", enforce_eager=True, max_model_len=1024))
+    try:
+        engine.sync_weights(smollm2)
+        gens = engine.generate(prompts, sp, torch.Generator().manual_seed(0))
+    finally:
+        engine.close()
+    positions = 0
+    for p, g in zip(prompts, gens):
+        assert g.topk_ids is not None and g.topk_ids.shape == (len(g.token_ids), k)
+        ref_ids, ref_lp = _topk_reference(smollm2, p, g.token_ids, k)
+        assert float((g.topk_logprobs - ref_lp).abs().max()) < TOL
+        for i in range(len(g.token_ids)):
+            if not bool((ref_lp[i, :-1] - ref_lp[i, 1:] < TOL).any()):  # no near-tie
+                assert g.topk_ids[i].tolist() == ref_ids[i].tolist()
+        positions += len(g.token_ids)
+    assert positions > 4 * 4
+
+
+def _lora_policy(base: HFPolicy) -> HFPolicy:
+    """SmolLM2 with rank-8 adapters on q/v whose B is non-zero (fresh LoRA is the base)."""
+    import copy
+
+    from credo.policy.lora import LoRAConfig, apply_lora
+
+    policy = apply_lora(
+        HFPolicy(copy.deepcopy(base.model), base.tokenizer, device=base.device),
+        LoRAConfig(r=8, alpha=16, target_modules=["q_proj", "v_proj"]),
+    )
+    _perturb_adapters(policy, seed=2)
+    return policy
+
+
+def _perturb_adapters(policy: HFPolicy, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("mode", ["merge", "adapter"])
+def test_lora_reaches_vllm_and_follows_each_update(smollm2: HFPolicy, mode: str) -> None:
+    """A LoRA policy through vLLM: ``merge`` sends base + (α/r)·B·A, ``adapter`` builds vLLM
+    on the base with ``enable_lora`` and sends the adapters. Either way vLLM samples with the
+    trainer's (adapted) log-probs, and again after the adapters change and are re-synced."""
+    policy = _lora_policy(smollm2)
+    prompts = _prompts(policy)[:4]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12)
+    engine = VLLMEngine(
+        VLLMParams(dtype="float32", enforce_eager=True, max_model_len=1024, lora=mode)
+    )
+    try:
+        engine.sync_weights(policy)
+        assert engine.adapter_mode == (mode == "adapter")
+        first = engine.generate(prompts, sp, torch.Generator().manual_seed(0))
+        assert _largest_diff(policy, prompts, first) < TOL
+        # the adapters differ from the base by far more than the tolerance
+        assert _largest_diff(smollm2, prompts, first) > 100 * TOL
+        _perturb_adapters(policy, seed=3)
+        assert _largest_diff(policy, prompts, first) > 100 * TOL
+        engine.sync_weights(policy)
+        after = engine.generate(prompts, sp, torch.Generator().manual_seed(0))
+        assert _largest_diff(policy, prompts, after) < TOL
+    finally:
+        engine.close()
+
+
+def test_bfloat16_sampling_gives_a_real_mismatch_that_tis_corrects(tmp_path: Path) -> None:
+    """vLLM in bfloat16 beside a float32 trainer: the mismatch is real (log-probs differ by
+    far more than float32 rounding: measured mean 0.005, largest 0.07 nats per token on
+    the built-in model), and ``objective.tis_cap`` weighs each token by
+    min(π_trainer / π_vLLM, C): with C = 1.02, below the largest ratios, some are cut."""
+    from credo.cli import main
+    from small_run import WARM
+
+    args = [
+        *WARM,
+        "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128}",
+        "rollout.engine=vllm",
+        "rollout.engine_params={dtype: bfloat16, enforce_eager: true}",
+        "objective.tis_cap=1.02",
+        "rollout.tasks_per_iter=8",
+        "rollout.group_size=4",
+        "eval.episodes=8",
+        "train.iterations=2",
+        f"train.runs_dir={tmp_path}",
+        "train.name=tis",
+    ]
+    assert main(["train", *args, "--quiet"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "tis" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["engine/logprob_diff_mean"] > 10 * TOL  # bfloat16, not float32 rounding
+        assert r["engine/logprob_diff_max"] > 1e-2
+        # the mean weight lies between the smallest ratio and the cap, and is not 1
+        assert math.exp(-r["engine/logprob_diff_max"]) <= r["policy/tis_weight"] <= 1.02
+        assert abs(r["policy/tis_weight"] - 1.0) > 1e-5
+        assert r["policy/tis_clip_frac"] > 0
+        assert r["credit/adv_abs_max"] > 0 and r["policy/grad_norm"] > 0
