@@ -9,7 +9,17 @@ the first (``time/iteration_s``), the time the trainer waited for rollouts
 success of the last iterations. Ratios are only meaningful measured in one run on cores
 nothing else uses.
 
-    python benchmarks/async_rollouts.py [--iterations 12] [--staleness 0 1 2] [--model SMOLLM]
+The worker that samples ahead is a thread of the trainer's process or, with
+``--workers process``, a forked process with its own interpreter
+(``rollout.async_worker``); each k ≥ 1 runs once per worker named.
+
+    python benchmarks/async_rollouts.py [--iterations 12] [--staleness 0 1 2]
+        [--workers thread process] [--model smollm2-135m] [--engine vllm]
+        [--tasks 4 --group 4]
+
+``--engine vllm`` (from the vLLM venv, ``make vllm-check``) samples with vLLM on CPU
+(the thread worker syncs it with each version's weights); the built-in model then has
+2 heads of 32 (vLLM's CPU attention has no 16-wide kernel).
 """
 
 from __future__ import annotations
@@ -42,24 +52,41 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--workers", nargs="+", default=["thread"], choices=["thread", "process"])
     ap.add_argument("--model", default=None, help="a Hugging Face model (default: built-in)")
+    ap.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout.engine")
+    ap.add_argument("--tasks", type=int, default=None, help="rollout.tasks_per_iter")
+    ap.add_argument("--group", type=int, default=None, help="rollout.group_size")
     args = ap.parse_args()
     base = list(LIGHTS)
     if args.model is not None:
         base = [b for b in base if not b.startswith(("model.tiny", "sft."))]
         base += [f"model.name={args.model}", "sft.enabled=false"]
+    if args.engine == "vllm":  # vLLM's CPU attention runs 32-wide heads, not 16
+        base = [b.replace("num_heads: 4", "num_heads: 2") for b in base]
+        base += [
+            "rollout.engine=vllm",
+            "rollout.engine_params={dtype: float32, enforce_eager: true}",
+            "objective.tis_cap=2",
+        ]
+    if args.tasks is not None:
+        base.append(f"rollout.tasks_per_iter={args.tasks}")
+    if args.group is not None:
+        base.append(f"rollout.group_size={args.group}")
     rows = []
     reference = None
     with tempfile.TemporaryDirectory() as tmp:
-        for k in args.staleness:
+        settings = [(k, w) for k in args.staleness for w in (args.workers if k else ["-"])]
+        for k, worker in settings:
             cfg = load_config(
                 "grpo",
                 [
                     *base,
                     f"rollout.staleness={k}",
+                    f"rollout.async_worker={'thread' if worker == '-' else worker}",
                     f"train.iterations={args.iterations}",
                     f"train.runs_dir={tmp}",
-                    f"train.name=k{k}",
+                    f"train.name=k{k}-{worker}",
                 ],
             )
             res = train(cfg, quiet=True)
@@ -69,6 +96,7 @@ def main() -> None:
             rows.append(
                 [
                     f"k = {k}" + (" (synchronous)" if k == 0 else ""),
+                    worker,
                     f"{per_it:.2f}",
                     f"{reference / per_it:.2f}x",
                     f"{statistics.fmean(r['time/rollout_s'] for r in recs):.2f}",
@@ -79,9 +107,11 @@ def main() -> None:
             )
     print_table(
         f"asynchronous rollouts, {args.iterations} iterations of GRPO "
-        f"({'built-in model' if args.model is None else args.model}, TextLights)",
+        f"({'built-in model' if args.model is None else args.model}, "
+        f"rollout.engine={args.engine}, TextLights)",
         [
             "staleness",
+            "worker",
             "s / iteration",
             "speed-up",
             "waiting for rollouts (s)",

@@ -3,6 +3,7 @@
     make vllm-check                                   # builds .venv-vllm once
     .venv-vllm/bin/python benchmarks/vllm_cpu.py      # batch 1, 8, 32; a few minutes
     .venv-vllm/bin/python benchmarks/vllm_cpu.py --batches 8 --new-tokens 64
+    .venv-vllm/bin/python benchmarks/vllm_cpu.py --batches --turns 4   # multi-turn only
 
 The same chat prompts (one short user message each, about 40 tokens with the template),
 temperature 1, ``--new-tokens`` tokens at most, sampled by each engine at each batch size
@@ -10,6 +11,13 @@ temperature 1, ``--new-tokens`` tokens at most, sampled by each engine at each b
 build is timed apart). Beside it: the trainer's update cost on the same batch (one
 forward and backward pass of the HF model over prompt + response, as the update pays per
 micro-batch), and the largest |log p_vLLM − log p_trainer| over vLLM's tokens.
+
+Multi-turn (``--turns`` T > 0, ``--conversations`` B): B conversations of T turns, each
+turn's prompt the previous prompt + its response + a new user message (token for token,
+as credo's rollouts grow a prompt), timed over all T turns; with and without KV reuse on
+each engine (the HF sampler's per-session caches, ``rollout.kv_reuse``; vLLM's prefix
+caching, ``engine_params.prefix_caching``). "prompt tokens computed" is what the HF
+sampler prefilled (vLLM does not report it per call).
 
 Quote ratios from one run: the machine is shared.
 """
@@ -57,9 +65,81 @@ def _update(policy: Any, ids: torch.Tensor, mask: torch.Tensor) -> None:
     policy.score(ids, mask).logprobs.sum().backward()
 
 
+def _next_turn(policy: Any, prompt: list[int], response: list[int], turn: int) -> list[int]:
+    """The next turn's prompt: this one, the response (closed by the stop token), a user
+    message, and the assistant header."""
+    stop = policy.stop_ids[0]
+    closed = response if response and response[-1] in policy.stop_ids else [*response, stop]
+    msg = f"\n<|im_start|>user\nNow one more sentence, number {turn}.<|im_end|>\n<|im_start|>assistant\n"
+    return [*prompt, *closed, *policy.tokenizer.encode(msg, add_special_tokens=False)]
+
+
+def _conversation(
+    generate: Callable[..., Any],
+    policy: Any,
+    prompts: list[list[int]],
+    sp: Any,
+    turns: int,
+    sessions: bool,
+) -> tuple[float, int, int]:
+    """Seconds, generated tokens and final prompt length (mean) of ``turns`` turns."""
+    keys = list(range(len(prompts))) if sessions else None
+    gen = torch.Generator().manual_seed(0)
+    t, tokens = time.perf_counter(), 0
+    for turn in range(turns):
+        out = generate(prompts, sp, gen, keys) if keys is not None else generate(prompts, sp, gen)
+        tokens += sum(len(g.token_ids) for g in out)
+        if turn + 1 < turns:
+            prompts = [_next_turn(policy, p, g.token_ids, turn + 1) for p, g in zip(prompts, out)]
+    return time.perf_counter() - t, tokens, sum(map(len, prompts)) // len(prompts)
+
+
+def _multi_turn(policy: Any, args: argparse.Namespace) -> None:
+    from credo.policy.base import SamplingParams
+    from credo.policy.vllm_engine import VLLMEngine, VLLMParams
+
+    sp = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
+    prompts = _prompts(policy, args.conversations)
+    rows = []
+    for reuse in (False, True):
+        policy.configure_kv_reuse(reuse)
+        before = policy.kv_stats.prefill_tokens
+        s, n, length = _conversation(policy.generate, policy, prompts, sp, args.turns, reuse)
+        computed = policy.kv_stats.prefill_tokens - before
+        rows.append(
+            ["HF sampler", "on" if reuse else "off", f"{s:.1f}", f"{n / s:.1f}", length, computed]
+        )
+    policy.configure_kv_reuse(True)
+    for reuse in (False, True):
+        engine = VLLMEngine(
+            VLLMParams(
+                dtype="float32", enforce_eager=True, max_model_len=2048, prefix_caching=reuse
+            )
+        )
+        engine.sync_weights(policy)
+        s, n, length = _conversation(engine.generate, policy, prompts, sp, args.turns, False)
+        engine.close()
+        rows.append(["vLLM-CPU", "on" if reuse else "off", f"{s:.1f}", f"{n / s:.1f}", length, "-"])
+    print_table(
+        f"multi-turn on this CPU, SmolLM2-135M: {args.conversations} conversations × "
+        f"{args.turns} turns, ≤ {args.new_tokens} new tokens per turn",
+        [
+            "engine",
+            "KV reuse",
+            "s (all turns)",
+            "tok/s",
+            "last prompt (tokens)",
+            "prompt tokens computed",
+        ],
+        rows,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32])
+    ap.add_argument("--turns", type=int, default=4, help="multi-turn rows (0: none)")
+    ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the HF sampler")
@@ -76,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     policy = HFPolicy.from_pretrained(resolve_model("smollm2-135m"), dtype=torch.float32)
+    if args.turns > 0:
+        _multi_turn(policy, args)
+    if not args.batches:
+        return 0
     sp = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
     engine = VLLMEngine(VLLMParams(dtype="float32", enforce_eager=True, max_model_len=1024))
     t = time.perf_counter()

@@ -183,14 +183,26 @@ def test_an_async_run_resumes_exactly_also_past_its_planned_end(tmp_path: Path) 
             "rollout.staleness=1 needs a sampler without state across iterations; 'tree'",
         ),
         (
-            ["rollout.staleness=1", "rollout.engine=vllm"],
-            "rollout.staleness=1 needs an engine that samples with the trainer's own model",
+            ["rollout.staleness=1", "rollout.async_worker=process", "rollout.engine=vllm"],
+            "rollout.async_worker=process needs an engine that samples with the trainer's own",
         ),
+        (["rollout.async_worker=fork"], "rollout.async_worker must be thread or process"),
     ],
 )
 def test_bad_staleness_is_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config("grpo", [*TINY_RUN, *overrides])
+
+
+def test_the_process_worker_refuses_a_cuda_trainer() -> None:
+    """(This machine has no CUDA, so the device check before it would speak first: the
+    staleness check is called on a loaded config whose device is then set.)"""
+    from credo.train.config.validate import _staleness
+
+    cfg = load_config("grpo", [*TINY_RUN, "rollout.staleness=1", "rollout.async_worker=process"])
+    cfg.model.device = "cuda:1"
+    with pytest.raises(ConfigError, match=r"process samples in a fork .* CUDA does not allow"):
+        _staleness(cfg)
 
 
 def test_a_sync_checkpoint_is_not_resumed_asynchronously(tmp_path: Path) -> None:
@@ -200,3 +212,104 @@ def test_a_sync_checkpoint_is_not_resumed_asynchronously(tmp_path: Path) -> None
     step = tmp_path / "r" / "checkpoints" / "step_1"
     with pytest.raises(ValueError, match=r"saved without rollout\.staleness"):
         queue.load(step, _policy())
+
+
+# ------------------------------------------------------------- the process worker
+def _versioned(policy: HFPolicy, tasks: list[Task], j: int) -> RolloutResult:
+    """Stands for the rollouts: which iteration, sampled by which weights."""
+    return (j, _version(policy))  # type: ignore[return-value]
+
+
+def test_the_process_worker_samples_iteration_j_with_the_weights_after_j_minus_k() -> None:
+    """As the thread worker's test above, in a forked child: each version's weights are
+    sent once and the child's copy samples with them."""
+    policy, rec, k, total = _policy(), _Recorder(), 2, 5
+    queue = AsyncRollouts(k, worker="process")
+    try:
+        for it in range(total):
+            _set_version(policy, it)
+            tasks, rollout, version = queue.take(
+                it, policy, total, draw=rec.draw, sample=_versioned
+            )
+            assert tasks == [Task("train", 100 + it)]
+            assert rollout == (it, max(0, it - k)) and version == max(0, it - k)
+        assert queue._process is not None and queue._process._process.is_alive()
+    finally:
+        queue.close()
+    assert queue._process is None
+
+
+def _raises(policy: HFPolicy, tasks: list[Task], j: int) -> RolloutResult:
+    raise RuntimeError(f"env broke in iteration {j}")
+
+
+def _exits(policy: HFPolicy, tasks: list[Task], j: int) -> RolloutResult:
+    import os
+
+    os._exit(3)
+
+
+def _records_an_env_error(policy: HFPolicy, tasks: list[Task], j: int) -> RolloutResult:
+    from credo.rollout.envguard import record_env_error
+
+    record_env_error(ValueError(f"bad move in {j}"), task=str(tasks[0].seed), turn=2)
+    return j  # type: ignore[return-value]
+
+
+def test_the_process_workers_errors_reach_the_trainer() -> None:
+    queue = AsyncRollouts(1, worker="process")
+    try:
+        with pytest.raises(RuntimeError, match=r"env broke in iteration 0 \(in the rollout worker"):
+            queue.take(0, _policy(), 3, draw=_Recorder().draw, sample=_raises)
+    finally:
+        queue.close()
+    queue = AsyncRollouts(1, worker="process")
+    try:
+        with pytest.raises(RuntimeError, match=r"worker process exited \(code 3\) before .*0"):
+            queue.take(0, _policy(), 3, draw=_Recorder().draw, sample=_exits)
+    finally:
+        queue.close()
+
+
+def test_env_errors_met_in_the_process_worker_go_into_the_runs_log() -> None:
+    from credo.rollout.envguard import EnvErrorLog, env_guard
+
+    log = EnvErrorLog(None, say=lambda line: None)
+    queue = AsyncRollouts(1, worker="process")
+    try:
+        with env_guard(log=log):
+            for it in range(2):
+                queue.take(it, _policy(), 2, draw=_Recorder().draw, sample=_records_an_env_error)
+                assert log.count == it + 1  # iteration it's error, when its rollouts arrive
+    finally:
+        queue.close()
+    assert [(r.task, r.turn, r.message) for r in log.records] == [
+        ("100", 2, "ValueError: bad move in 0"),
+        ("101", 2, "ValueError: bad move in 1"),
+    ]
+
+
+@pytest.mark.slow
+def test_the_process_worker_gives_the_thread_workers_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same run with the worker in a process: metric for metric the thread's (the
+    same weights, tasks and random streams sample the same rollouts), with signal."""
+    from credo.train import async_rollouts
+
+    submitted: list[int] = []
+    submit = async_rollouts.ProcessWorker.submit
+
+    def counting(self: async_rollouts.ProcessWorker, flight: async_rollouts.InFlight) -> None:
+        submitted.append(flight.iteration)
+        submit(self, flight)
+
+    monkeypatch.setattr(async_rollouts.ProcessWorker, "submit", counting)
+    base = [*SMALL, "rollout.staleness=1", "eval.episodes=4", f"train.runs_dir={tmp_path}"]
+    for worker in ("thread", "process"):
+        args = [*base, "train.iterations=3", f"rollout.async_worker={worker}"]
+        assert main(["train", *args, f"train.name={worker}", "--quiet"]) == 0
+        assert submitted == ([] if worker == "thread" else [0, 1, 2])
+    rows = _stable(tmp_path / "thread")
+    assert _stable(tmp_path / "process") == rows and len(rows) == 3
+    assert all(r["credit/zero_adv_frac"] < 1 and r["policy/grad_norm"] > 0 for r in rows)

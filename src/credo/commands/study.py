@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,10 +151,14 @@ def _strings(path: Path, where: str, value: Any) -> list[str]:
     return list(value)
 
 
-def load_study(path: str | Path) -> Study:
+def load_study(path: str | Path, *, machine: bool = True) -> Study:
     """Read and check a study file: every field, every arm's recipe and overrides (each
     arm's config is loaded once with the study's overrides, so a typo stops here, before
     any training).
+
+    With ``machine=False`` (the index, the docs' checks) an arm whose rollout engine
+    cannot run on this machine (e.g. ``rollout.engine=vllm`` outside the vLLM venv) is
+    checked with the ``hf`` engine instead: everything but the engine's install.
 
     Raises:
         ConfigError: one line naming the file, the field and what is accepted.
@@ -288,12 +293,20 @@ def load_study(path: str | Path) -> Study:
         notes=data.get("notes", ""),
     )
     for arm in [*setup, *arms]:  # every config loads (names, values, files) before any run
-        # an override naming a setup run is checked once that run exists (run_study)
+        # an override naming a setup run is checked once that run exists (run_study);
+        # here without it, or, where the rest needs it, with empty stand-in folders
         own = [o for o in arm.overrides if SETUP not in o]
+        overrides = [*study.common_overrides(), *own]
+        if not machine and _engine_missing_here(overrides):
+            overrides += ["rollout.engine=hf", "rollout.engine_params={}"]
         try:
-            load_config(arm.recipe, [*study.common_overrides(), *own])
+            load_config(arm.recipe, overrides)
         except ConfigError as exc:
-            raise _fail(path, f"arm {arm.name}: {exc}") from None
+            problem = str(exc)
+            if len(own) < len(arm.overrides):  # retried with the setup paths stood in
+                problem = _stand_in_problem(arm, overrides)
+            if problem:
+                raise _fail(path, f"arm {arm.name}: {problem}") from None
     # pipeline arms are checked stage by stage by credo.pipeline.study before they run
     return study
 
@@ -398,12 +411,44 @@ def write_page(study: Study, out_dir: Path, docs: Path, command: str) -> Path:
     return page
 
 
+def _stand_in_problem(arm: Arm, common: list[str]) -> str:
+    """Why ``arm`` does not load with its ``{setup}`` overrides pointing at empty folders
+    that stand in for the setup runs' (which do not exist before the study runs), or
+    ``""``."""
+    from credo.train.config import load_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        stand_ins = []
+        for o in arm.overrides:
+            if SETUP in o:
+                o = o.replace(SETUP, folder)
+                value = o.partition("=")[2].strip()
+                if value.startswith(folder):
+                    Path(value).mkdir(parents=True, exist_ok=True)
+                stand_ins.append(o)
+        try:
+            load_config(arm.recipe, [*common, *stand_ins])
+        except ConfigError as exc:
+            return str(exc)
+    return ""
+
+
+def _engine_missing_here(overrides: list[str]) -> bool:
+    """The overrides choose a rollout engine this machine cannot run (not installed)."""
+    from credo.policy.engine import ENGINES, engine_problem
+
+    engines = [o.split("=", 1)[1].strip() for o in overrides if o.startswith("rollout.engine=")]
+    return (
+        bool(engines) and engines[-1] in ENGINES and engine_problem(engines[-1], None) is not None
+    )
+
+
 def write_index(studies: Path, docs: Path) -> Path:
     """``docs/README.md``: one row per study file in ``studies`` (title, paper, claim,
     credo's result, verdict and why), linking each page."""
     rows = []
     for path in sorted(Path(studies).glob("*.yaml")):
-        s = load_study(path)
+        s = load_study(path, machine=False)
         page = f"[{s.title}]({s.name}.md)" if (docs / f"{s.name}.md").exists() else s.title
         rows.append([page, s.paper or "—", s.claim, s.result or "—", s.verdict, s.why or "—"])
     text = "\n".join(

@@ -86,6 +86,10 @@ class VLLMParams:
         cpu_kvcache_gib: on vLLM's CPU build, the GiB of memory its KV cache may take
             (``VLLM_CPU_KVCACHE_SPACE``, default 2; ``gpu_memory_utilization`` has no
             meaning there).
+        prefix_caching: vLLM's automatic prefix caching (default true): a turn whose
+            prompt starts with an earlier turn's prompt and response reads that prefix's
+            keys and values from the cache instead of computing them again (multi-turn
+            KV reuse; the cache is reset after every weight sync).
     """
 
     gpu_memory_utilization: float = 0.3
@@ -95,6 +99,7 @@ class VLLMParams:
     enforce_eager: bool = False
     max_logprobs: int = 20
     cpu_kvcache_gib: float = 2.0
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -373,7 +378,8 @@ class VLLMEngine:
         elif not self.adapter_mode:
             weights = list(export_state_dict(policy, merge=True).items())
             self.llm.collective_rpc(_load_weights_in_worker, args=(weights,))
-            self.llm.reset_prefix_cache()
+            if self.params.prefix_caching:
+                self.llm.reset_prefix_cache()
         if self.adapter_mode:
             self._new_adapter(policy)
         self.syncs += 1
@@ -395,7 +401,7 @@ class VLLMEngine:
             "max_logprobs": p.max_logprobs,
             "logprobs_mode": "processed_logprobs",
             "generation_config": "vllm",  # ignore the folder's sampling defaults
-            "enable_prefix_caching": True,
+            "enable_prefix_caching": p.prefix_caching,
         }
         if p.max_model_len is not None:
             kwargs["max_model_len"] = p.max_model_len

@@ -56,6 +56,7 @@ __all__ = [
     "current_phase",
     "env_call",
     "env_guard",
+    "guard_settings",
     "env_phase",
     "record_env_error",
 ]
@@ -180,6 +181,13 @@ _DEFAULT = _Guard(DEFAULT_STEP_TIMEOUT, None)
 
 def _guard() -> _Guard:
     return _GUARD.get() or _DEFAULT
+
+
+def guard_settings() -> tuple[float, EnvErrorLog | None]:
+    """The current :func:`env_guard`'s step timeout and log (the defaults outside one):
+    what a process sampling on the run's behalf guards its own env calls with."""
+    g = _guard()
+    return g.timeout, g.log
 
 
 def env_error_count() -> int:

@@ -139,7 +139,9 @@ class TrainState:
                     f"run has {dp.world_size()} (use rollout.staleness=0)"
                 )
             kv = (cfg.rollout.kv_reuse, cfg.rollout.kv_cache_mb)
-            state.rollouts = AsyncRollouts(cfg.rollout.staleness, kv_reuse=kv)
+            state.rollouts = AsyncRollouts(
+                cfg.rollout.staleness, kv_reuse=kv, worker=cfg.rollout.async_worker
+            )
             if checkpoint is not None:
                 state.rollouts.load(checkpoint, policy)
         if checkpoint is not None:

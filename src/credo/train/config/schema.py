@@ -197,6 +197,11 @@ class RolloutConfig:
             log-probs are that sampler's (``objective.tis_cap`` corrects against them).
             One process, ``engine: hf``, a sampler without state across iterations
             (:mod:`credo.train.async_rollouts`, ``docs/engines/async.md``).
+        async_worker: what samples ahead with ``staleness`` ≥ 1: ``thread`` (default: a
+            thread of the trainer's process) or ``process`` (a forked child with its own
+            interpreter, weights sent once per update through shared memory, one torch
+            thread; the same rollouts, more overlap where Python dominates the step; needs
+            ``fork``).
         env_workers: N, Ray actors that hold the rollouts' envs (default 0; 0 and 1 keep
             them in this process). With N ≥ 2 the env calls of each batch (every live
             episode's ``reset`` or ``step``) run in parallel across the actors while the
@@ -245,6 +250,7 @@ class RolloutConfig:
     engine: str = "hf"
     engine_params: dict[str, Any] = field(default_factory=dict)
     staleness: int = 0
+    async_worker: str = "thread"
     env_workers: int = 0
     ray_address: str | None = None
     env_timeout_s: float = 30.0

@@ -13,6 +13,7 @@ names the key, the value and what is accepted.
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -248,8 +249,21 @@ def _staleness(cfg: Config) -> None:
             f"rollout.staleness must be an integer ≥ 0 (0: synchronous, k: rollouts "
             f"sampled by weights up to k updates old), got {k!r}"
         )
+    if r.async_worker not in ("thread", "process"):
+        raise ConfigError(f"rollout.async_worker must be thread or process, got {r.async_worker!r}")
+    if r.async_worker == "process" and "fork" not in multiprocessing.get_all_start_methods():
+        raise ConfigError(
+            "rollout.async_worker=process forks the trainer, which this platform cannot "
+            "do (use rollout.async_worker=thread)"
+        )
     if k == 0:
         return
+    if r.async_worker == "process" and cfg.model.device != "cpu":
+        raise ConfigError(
+            f"rollout.async_worker=process samples in a fork of the trainer, which CUDA "
+            f"does not allow; model.device={cfg.model.device!r} (use the thread worker, "
+            "or model.device=cpu)"
+        )
     spec = sampler_spec(r.sampler_in_use)
     if spec.run_state or spec.state is not None:
         raise ConfigError(
@@ -257,10 +271,15 @@ def _staleness(cfg: Config) -> None:
             f"{r.sampler_in_use!r} keeps one (use rollout.sampler=group, single or "
             "resample, or rollout.staleness=0)"
         )
-    if r.engine in engine_names() and not engine_in_process(r.engine):
+    if (
+        r.async_worker == "process"
+        and r.engine in engine_names()
+        and not engine_in_process(r.engine)
+    ):
         raise ConfigError(
-            f"rollout.staleness={k} needs an engine that samples with the trainer's own "
-            f"model (rollout.engine=hf), got {r.engine!r}: its copies are what samples ahead"
+            f"rollout.async_worker=process needs an engine that samples with the trainer's "
+            f"own model (rollout.engine=hf), got {r.engine!r} (use the thread worker: it "
+            "syncs the engine with each version's weights before sampling)"
         )
 
 
