@@ -61,7 +61,8 @@ def main() -> None:
     base = list(LIGHTS)
     if args.model is not None:
         base = [b for b in base if not b.startswith(("model.tiny", "sft."))]
-        base += [f"model.name={args.model}", "sft.enabled=false"]
+        # the table reads training metrics only: the evaluations are kept minimal
+        base += [f"model.name={args.model}", "sft.enabled=false", "eval.episodes=1"]
     if args.engine == "vllm":  # vLLM's CPU attention runs 32-wide heads, not 16
         base = [b.replace("num_heads: 4", "num_heads: 2") for b in base]
         base += [

@@ -256,17 +256,20 @@ def _records_an_env_error(policy: HFPolicy, tasks: list[Task], j: int) -> Rollou
     return j  # type: ignore[return-value]
 
 
-def test_the_process_workers_errors_reach_the_trainer() -> None:
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        (_raises, r"env broke in iteration 0 \(in the rollout worker process"),
+        (_exits, r"the rollout worker process exited \(code 3\) before sampling iteration 0"),
+    ],
+)
+def test_the_process_workers_errors_reach_the_trainer(sample: Any, message: str) -> None:
+    """An exception in the child reaches the trainer with its message; a child that
+    dies is one line with its exit code."""
     queue = AsyncRollouts(1, worker="process")
     try:
-        with pytest.raises(RuntimeError, match=r"env broke in iteration 0 \(in the rollout worker"):
-            queue.take(0, _policy(), 3, draw=_Recorder().draw, sample=_raises)
-    finally:
-        queue.close()
-    queue = AsyncRollouts(1, worker="process")
-    try:
-        with pytest.raises(RuntimeError, match=r"worker process exited \(code 3\) before .*0"):
-            queue.take(0, _policy(), 3, draw=_Recorder().draw, sample=_exits)
+        with pytest.raises(RuntimeError, match=message):
+            queue.take(0, _policy(), 3, draw=_Recorder().draw, sample=sample)
     finally:
         queue.close()
 

@@ -41,6 +41,29 @@ def test_a_converted_folder_in_the_cache_is_used_without_asking_anyone() -> None
     assert said == [f"fake-model: using the converted model in {folder}"]
 
 
+def test_with_the_package_installed_the_hub_is_never_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Nothing downloads at run time where the package is installed: the packaged model
+    is converted without asking the hub (which, reachable, would otherwise be tried
+    first and give other weights on a machine with network than on one without)."""
+    from credo.policy import models
+
+    asked: list[str] = []
+    hub = tmp_path / "hub"
+    monkeypatch.setattr(models, "_from_hub", lambda alias, log, timeout: asked.append("hub") or hub)
+    converted = tmp_path / "converted"
+    monkeypatch.setattr(
+        models, "convert_gguf_model", lambda alias, folder, log: asked.append("gguf") or converted
+    )
+    installed = ModelAlias(**{**FAKE.__dict__, "name": "fake-installed", "package": "yaml"})
+    assert materialise_alias(installed, log=lambda line: None) == converted
+    assert asked == ["gguf"]
+    missing = ModelAlias(**{**FAKE.__dict__, "name": "fake-absent"})  # no package: the hub
+    assert materialise_alias(missing, log=lambda line: None) == hub
+    assert asked == ["gguf", "hub"]
+
+
 def test_offline_without_the_package_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

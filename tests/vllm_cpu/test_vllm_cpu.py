@@ -87,13 +87,9 @@ def test_smollm2_generates_with_the_trainers_logprobs_and_follows_its_weights(
         engine.close()
 
 
-def test_a_grpo_run_on_vllm_has_its_signal_and_samples_the_updated_weights(
-    tmp_path: Path,
-) -> None:
-    """The built-in model (a Llama) through vLLM: every iteration after an update is
-    sampled by the updated weights (the trainer re-scores vLLM's tokens within float32
-    rounding, where a stale sampler would differ by the update), with mixed groups,
-    non-zero advantages and gradients, and the weights change."""
+def _vllm_run(tmp_path: Path, name: str, *extra: str) -> list[dict]:
+    """A short GRPO run of the built-in model (a Llama) on GuessEnv sampled by vLLM
+    (float32 unless ``extra`` says otherwise): its metrics records."""
     from credo.cli import main
     from small_run import WARM
 
@@ -106,14 +102,24 @@ def test_a_grpo_run_on_vllm_has_its_signal_and_samples_the_updated_weights(
         "rollout.tasks_per_iter=8",
         "rollout.group_size=4",
         "optim.lr=5e-4",
-        "eval.episodes=16",
-        "train.iterations=3",
+        "eval.episodes=8",
+        *extra,
         f"train.runs_dir={tmp_path}",
-        "train.name=vllm",
+        f"train.name={name}",
     ]
     assert main(["train", *args, "--quiet"]) == 0
+    return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_grpo_run_on_vllm_has_its_signal_and_samples_the_updated_weights(
+    tmp_path: Path,
+) -> None:
+    """The built-in model (a Llama) through vLLM: every iteration after an update is
+    sampled by the updated weights (the trainer re-scores vLLM's tokens within float32
+    rounding, where a stale sampler would differ by the update), with mixed groups,
+    non-zero advantages and gradients, and the weights change."""
+    rows = _vllm_run(tmp_path, "vllm", "eval.episodes=16", "train.iterations=3")
     run = tmp_path / "vllm"
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     for r in rows:
         assert r["engine/logprob_diff_max"] < TOL and r["engine/tokens"] > 0
@@ -217,24 +223,13 @@ def test_bfloat16_sampling_gives_a_real_mismatch_that_tis_corrects(tmp_path: Pat
     far more than float32 rounding: measured mean 0.005, largest 0.07 nats per token on
     the built-in model), and ``objective.tis_cap`` weighs each token by
     min(π_trainer / π_vLLM, C): with C = 1.02, below the largest ratios, some are cut."""
-    from credo.cli import main
-    from small_run import WARM
-
-    args = [
-        *WARM,
-        "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128}",
-        "rollout.engine=vllm",
+    rows = _vllm_run(
+        tmp_path,
+        "tis",
         "rollout.engine_params={dtype: bfloat16, enforce_eager: true}",
         "objective.tis_cap=1.02",
-        "rollout.tasks_per_iter=8",
-        "rollout.group_size=4",
-        "eval.episodes=8",
         "train.iterations=2",
-        f"train.runs_dir={tmp_path}",
-        "train.name=tis",
-    ]
-    assert main(["train", *args, "--quiet"]) == 0
-    rows = [json.loads(x) for x in (tmp_path / "tis" / "metrics.jsonl").read_text().splitlines()]
+    )
     assert len(rows) == 2
     for r in rows:
         assert r["engine/logprob_diff_mean"] > 10 * TOL  # bfloat16, not float32 rounding
@@ -252,26 +247,9 @@ def test_async_rollouts_sync_vllm_with_each_versions_weights(tmp_path: Path) -> 
     iterations 1 and 2 by the weights one update old, synced into vLLM by the worker
     before it samples (the mismatch is now the update's, far above rounding), with TIS
     against those recorded log-probs."""
-    from credo.cli import main
-    from small_run import WARM
-
-    args = [
-        *WARM,
-        "model.tiny={hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128}",
-        "rollout.engine=vllm",
-        "rollout.engine_params={dtype: float32, enforce_eager: true}",
-        "rollout.staleness=1",
-        "objective.tis_cap=2",
-        "rollout.tasks_per_iter=8",
-        "rollout.group_size=4",
-        "optim.lr=5e-4",
-        "eval.episodes=8",
-        "train.iterations=3",
-        f"train.runs_dir={tmp_path}",
-        "train.name=async",
-    ]
-    assert main(["train", *args, "--quiet"]) == 0
-    rows = [json.loads(x) for x in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
+    rows = _vllm_run(
+        tmp_path, "async", "rollout.staleness=1", "objective.tis_cap=2", "train.iterations=3"
+    )
     assert [r["rollout/staleness"] for r in rows] == [0.0, 1.0, 1.0]
     assert rows[0]["engine/logprob_diff_max"] < TOL
     for r in rows[1:]:

@@ -10,15 +10,19 @@ An alias names a real pretrained model that credo can materialise **without a do
 :func:`resolve_model` turns an alias into an ordinary Hugging Face folder, trying in turn
 
 1. credo's cached folder ``$CREDO_CACHE/models/<alias>`` (a previous conversion);
-2. the hub (``HuggingFaceTB/SmolLM2-135M-Instruct``): first the local HF cache, then the
-   network, unless ``HF_HUB_OFFLINE=1``; the reachability probe gives up after
-   :data:`HUB_TIMEOUT_S` seconds, so an unreachable hub never hangs a run;
+2. the hub snapshot already in the local Hugging Face cache (no network);
 3. the packaged GGUF, converted once into the cached folder (dequantised, saved as
-   safetensors; 30–45 s on two cores, mostly spent in the GGUF reader).
+   safetensors; 30–45 s on two cores, mostly spent in the GGUF reader);
+4. only when the package is not installed: the hub over the network
+   (``HuggingFaceTB/SmolLM2-135M-Instruct``), unless ``HF_HUB_OFFLINE=1``; the
+   reachability probe gives up after :data:`HUB_TIMEOUT_S` seconds, so an unreachable
+   hub never hangs a run.
 
-Each step says what it does on stderr, and the conversion how long it took. Note that
-the hub weights (bf16 originals) and the converted GGUF (4-bit, dequantised) are not the
-same numbers: the folder's ``credo_model.json`` records which one a run used.
+So a machine with the package never downloads at run time, and every such machine
+trains the same weights. Each step says what it does on stderr, and the conversion how
+long it took. Note that the hub weights (bf16 originals) and the converted GGUF (4-bit,
+dequantised) are not the same numbers: the folder's ``credo_model.json`` records which
+one a run used.
 """
 
 from __future__ import annotations
@@ -131,19 +135,30 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model"]
+
+
+def _from_hub_cache(alias: ModelAlias, log: Log) -> Path | None:
+    """The alias's hub snapshot if the local HF cache has it (no network), or ``None``."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return None
+    try:
+        path = snapshot_download(alias.hub_id, local_files_only=True, allow_patterns=_HUB_PATTERNS)
+    except Exception:
+        return None
+    log(f"{alias.name}: using the hub snapshot in the HF cache ({path})")
+    return Path(path)
+
+
 def _from_hub(alias: ModelAlias, log: Log, timeout: float) -> Path | None:
-    """The alias's hub snapshot (HF cache first, then the network), or ``None``."""
+    """The alias's hub snapshot over the network, or ``None``."""
     try:
         from huggingface_hub import model_info, snapshot_download
     except ImportError:  # pragma: no cover - transformers depends on it
         return None
-    patterns = ["*.json", "*.safetensors", "*.txt", "*.model"]
-    try:
-        path = snapshot_download(alias.hub_id, local_files_only=True, allow_patterns=patterns)
-        log(f"{alias.name}: using the hub snapshot in the HF cache ({path})")
-        return Path(path)
-    except Exception:
-        pass
+    patterns = _HUB_PATTERNS
     if _hub_offline():
         log(f"{alias.name}: HF_HUB_OFFLINE is set: not asking the hub")
         return None
@@ -272,15 +287,19 @@ def convert_gguf_model(alias: ModelAlias, folder: Path | None = None, *, log: Lo
 def materialise_alias(
     alias: ModelAlias, *, log: Log = _say, hub_timeout: float = HUB_TIMEOUT_S
 ) -> Path:
-    """An HF folder for ``alias``: cached folder, else hub, else converted GGUF (see the
-    module docstring)."""
+    """An HF folder for ``alias``: cached folder, else the HF cache's snapshot, else the
+    converted packaged GGUF, else (no package) the hub (see the module docstring)."""
     folder = alias_folder(alias)
     if (folder / MARKER).exists():
         log(f"{alias.name}: using the converted model in {folder}")
         return folder
-    hub = _from_hub(alias, log, hub_timeout)
-    if hub is not None:
-        return hub
+    cached = _from_hub_cache(alias, log)
+    if cached is not None:
+        return cached
+    if importlib.util.find_spec(alias.package) is None:  # no package: the hub, if reachable
+        hub = _from_hub(alias, log, hub_timeout)
+        if hub is not None:
+            return hub
     return convert_gguf_model(alias, folder, log=log)
 
 

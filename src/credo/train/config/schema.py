@@ -192,10 +192,10 @@ class RolloutConfig:
             VLLMParams`, e.g. ``{gpu_memory_utilization: 0.3, lora: merge}``); unknown keys
             fail at load time.
         staleness: k, asynchronous rollouts (default 0: synchronous). With k ≥ 1 a
-            worker thread samples the next iterations while the trainer updates, each
-            iteration ``j`` by the weights after ``max(0, j − k)`` updates; the batch's
-            log-probs are that sampler's (``objective.tis_cap`` corrects against them).
-            One process, ``engine: hf``, a sampler without state across iterations
+            worker (``async_worker``) samples the next iterations while the trainer
+            updates, each iteration ``j`` by the weights after ``max(0, j − k)`` updates;
+            the batch's log-probs are that sampler's (``objective.tis_cap`` corrects
+            against them). One process, a sampler without state across iterations
             (:mod:`credo.train.async_rollouts`, ``docs/engines/async.md``).
         async_worker: what samples ahead with ``staleness`` ≥ 1: ``thread`` (default: a
             thread of the trainer's process) or ``process`` (a forked child with its own
