@@ -56,8 +56,8 @@ __all__ = [
     "current_phase",
     "env_call",
     "env_guard",
-    "guard_settings",
     "env_phase",
+    "guard_settings",
     "record_env_error",
 ]
 
