@@ -24,7 +24,7 @@ and its weights are a fixed version, so a run gives the same metrics however the
 interleave. A checkpoint records what is in flight (each iteration's tasks and its
 weights' version, and the weights of every version still needed) and ``--resume``
 samples it again: the resumed run continues exactly, also past a larger
-``train.iterations``. The worker is a daemon thread: Ctrl-C stops the run as before.
+``train.iterations``. The worker is a daemon (thread or process): Ctrl-C stops the run as before.
 
 The worker (``rollout.async_worker``) is a thread (default) or a process. A thread
 shares the trainer's interpreter: for a small model much of sampling and of the update
