@@ -117,14 +117,19 @@ class Engine:
         params: Iterable[torch.nn.Parameter],
         optimizer: torch.optim.Optimizer,
         grad_clip: float,
+        *,
+        step_on_zero: bool = True,
     ) -> torch.Tensor:
         """Clip the gradients to ``grad_clip`` and take the optimizer step; returns the
         global gradient norm before clipping. A non-finite norm takes no step, except
-        under DeepSpeed (:attr:`steps_regardless`)."""
+        under DeepSpeed (:attr:`steps_regardless`). With ``step_on_zero=False`` neither
+        does an exactly zero gradient (every advantage of the mini-batch 0 and no other
+        loss term), on which Adam would still move the weights by its moments
+        (``optim.zero_grad_step``)."""
         if self.zero is not None:
             return self.zero.step()
         norm = fsdp.plain_norm(torch.nn.utils.clip_grad_norm_(params, grad_clip))
-        if torch.isfinite(norm):  # stepping would write NaN into every weight
+        if torch.isfinite(norm) and (step_on_zero or norm > 0):  # NaN would reach every weight
             optimizer.step()
         return norm
 

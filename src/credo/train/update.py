@@ -89,6 +89,7 @@ class UpdateSettings:
     grad_clip: float
     recompute_old_logprobs: bool
     skip_zero_advantage: bool
+    zero_grad_step: bool = True
 
     @classmethod
     def from_config(cls, cfg: Any) -> UpdateSettings:
@@ -111,6 +112,7 @@ class UpdateSettings:
             grad_clip=opt.grad_clip,
             recompute_old_logprobs=opt.recompute_old_logprobs,
             skip_zero_advantage=opt.skip_zero_advantage,
+            zero_grad_step=opt.zero_grad_step,
         )
 
     @property
@@ -502,7 +504,12 @@ def _minibatch_step(
     for k in metrics:
         if k.startswith("policy/") and k not in merge and total_w > 0:
             metrics[k] /= total_w
-    grad_norm = engine.step(trainable_parameters(ctx.policy.model), ctx.optimizer, s.grad_clip)
+    grad_norm = engine.step(
+        trainable_parameters(ctx.policy.model),
+        ctx.optimizer,
+        s.grad_clip,
+        step_on_zero=s.zero_grad_step,
+    )
     if not torch.isfinite(grad_norm):
         if engine.steps_regardless:
             raise FloatingPointError(

@@ -401,6 +401,12 @@ class OptimConfig:
             crossed the line instead of keeping it. Costs one forward pass (no grad) of
             each mini-batch. Metrics: ``policy/kl_after_step``, ``policy/steps_kept``,
             ``policy/steps_undone``.
+        zero_grad_step: take the optimizer step when a mini-batch's gradient is exactly
+            zero (every advantage 0 and no other loss term; default true: the behaviour
+            every published result and the golden metrics were measured with). AdamW then
+            still moves the weights by its moments, with no evidence in the batch (seen
+            before a collapse in docs/studies/proas-ablations.md); false skips that step.
+            Not yet measured in training.
     """
 
     lr: float = 3e-4
@@ -414,6 +420,7 @@ class OptimConfig:
     recompute_old_logprobs: bool = True
     skip_zero_advantage: bool = False
     max_kl: float | None = None
+    zero_grad_step: bool = True
 
 
 @dataclass
