@@ -158,7 +158,6 @@ def _from_hub(alias: ModelAlias, log: Log, timeout: float) -> Path | None:
         from huggingface_hub import model_info, snapshot_download
     except ImportError:  # pragma: no cover - transformers depends on it
         return None
-    patterns = _HUB_PATTERNS
     if _hub_offline():
         log(f"{alias.name}: HF_HUB_OFFLINE is set: not asking the hub")
         return None
@@ -170,12 +169,21 @@ def _from_hub(alias: ModelAlias, log: Log, timeout: float) -> Path | None:
         return None
     start = time.perf_counter()
     try:
-        path = snapshot_download(alias.hub_id, allow_patterns=patterns, etag_timeout=timeout)
+        path = snapshot_download(alias.hub_id, allow_patterns=_HUB_PATTERNS, etag_timeout=timeout)
     except Exception as exc:
         log(f"{alias.name}: hub download failed ({type(exc).__name__}: {exc})")
         return None
     log(f"{alias.name}: downloaded from the hub in {time.perf_counter() - start:.0f} s ({path})")
     return Path(path)
+
+
+def _package_folder(alias: ModelAlias) -> Path | None:
+    """The folder of the alias's installed package (found without importing it), or
+    ``None`` when it is not installed."""
+    spec = importlib.util.find_spec(alias.package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def packaged_gguf(alias: ModelAlias) -> Path:
@@ -187,13 +195,13 @@ def packaged_gguf(alias: ModelAlias) -> Path:
     Raises:
         ModelUnavailableError: the package is not installed or lacks the file.
     """
-    spec = importlib.util.find_spec(alias.package)
-    if spec is None or not spec.submodule_search_locations:
+    folder = _package_folder(alias)
+    if folder is None:
         raise ModelUnavailableError(
             f"{alias.name}: the package {alias.package!r} is not installed and neither the "
             f"credo cache nor the hub had the model. Install it with: {alias.install}"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / alias.gguf_file
+    path = folder / alias.gguf_file
     if not path.exists():
         raise ModelUnavailableError(
             f"{alias.name}: {path} is missing from the installed {alias.package!r}; "
@@ -296,7 +304,7 @@ def materialise_alias(
     cached = _from_hub_cache(alias, log)
     if cached is not None:
         return cached
-    if importlib.util.find_spec(alias.package) is None:  # no package: the hub, if reachable
+    if _package_folder(alias) is None:  # no package: the hub, if reachable
         hub = _from_hub(alias, log, hub_timeout)
         if hub is not None:
             return hub
