@@ -205,6 +205,35 @@ def test_a_cuda_device_without_cuda_is_refused_at_load() -> None:
         load_config("grpo", ["model.device=cuda"])
 
 
+def test_machine_false_checks_everything_but_this_machine(tmp_path: Path) -> None:
+    """``load_config(machine=False)`` (a study index built in credo's own venv) accepts
+    an engine this venv cannot run and a device it lacks, set by overrides or by a recipe
+    file, and still refuses the settings the engine refuses."""
+    from credo.policy.engine import engine_problem
+
+    if engine_problem("vllm") is None:
+        pytest.skip("vLLM runs here: nothing about this machine to skip")
+    with pytest.raises(ConfigError, match="vllm"):
+        load_config("grpo", ["rollout.engine=vllm"])
+    assert load_config("grpo", ["rollout.engine=vllm"], machine=False).rollout.engine == "vllm"
+    recipe = tmp_path / "sampled_by_vllm.yaml"
+    recipe.write_text("inherit: grpo\nrollout: {engine: vllm}\n")
+    assert load_config(str(recipe), machine=False).rollout.engine == "vllm"
+    with pytest.raises(ConfigError, match=r"rollout\.engine=vllm needs rollout\.top_p=1"):
+        load_config("grpo", ["rollout.engine=vllm", "rollout.top_p=0.9"], machine=False)
+    with pytest.raises(ConfigError, match="engine_params"):
+        load_config(
+            "grpo", ["rollout.engine=vllm", "rollout.engine_params={nope: 1}"], machine=False
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        assert load_config("grpo", ["model.device=cuda"], machine=False).model.device == "cuda"
+    # the switch is scoped to the call: the next load checks the machine again
+    with pytest.raises(ConfigError, match="vllm"):
+        load_config("grpo", ["rollout.engine=vllm"])
+
+
 def test_a_recipe_with_a_yaml_syntax_error_names_the_file_and_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "bad.yaml"
     bad.write_text("inherit: base\nrollout: {group_size: 4\n")

@@ -132,8 +132,8 @@ def test_the_cli_refuses_a_bad_study_before_any_run(
 
 def test_the_shipped_studies_load_and_are_indexed() -> None:
     """Every study file in studies/ loads (names, recipes, every arm's overrides; an
-    engine this venv lacks, vLLM, checked with hf instead) and has a row in
-    docs/studies/README.md."""
+    engine this venv lacks, vLLM, checked for everything but its install) and has a row
+    in docs/studies/README.md."""
     files = sorted(STUDIES.glob("*.yaml"))
     assert files
     index = (STUDIES.parent / "docs" / "studies" / "README.md").read_text()

@@ -156,9 +156,9 @@ def load_study(path: str | Path, *, machine: bool = True) -> Study:
     arm's config is loaded once with the study's overrides, so a typo stops here, before
     any training).
 
-    With ``machine=False`` (the index, the docs' checks) an arm whose rollout engine
-    cannot run on this machine (e.g. ``rollout.engine=vllm`` outside the vLLM venv) is
-    checked with the ``hf`` engine instead: everything but the engine's install.
+    With ``machine=False`` (the index, the docs' checks) nothing about this machine is
+    checked (``load_config(machine=False)``): an arm that samples with vLLM loads outside
+    the vLLM venv, with every setting vLLM refuses still checked.
 
     Raises:
         ConfigError: one line naming the file, the field and what is accepted.
@@ -297,14 +297,12 @@ def load_study(path: str | Path, *, machine: bool = True) -> Study:
         # here without it, or, where the rest needs it, with empty stand-in folders
         own = [o for o in arm.overrides if SETUP not in o]
         overrides = [*study.common_overrides(), *own]
-        if not machine and _engine_missing_here(overrides):
-            overrides += ["rollout.engine=hf", "rollout.engine_params={}"]
         try:
-            load_config(arm.recipe, overrides)
+            load_config(arm.recipe, overrides, machine=machine)
         except ConfigError as exc:
             problem = str(exc)
             if len(own) < len(arm.overrides):  # retried with the setup paths stood in
-                problem = _stand_in_problem(arm, overrides)
+                problem = _stand_in_problem(arm, overrides, machine)
             if problem:
                 raise _fail(path, f"arm {arm.name}: {problem}") from None
     # pipeline arms are checked stage by stage by credo.pipeline.study before they run
@@ -411,7 +409,7 @@ def write_page(study: Study, out_dir: Path, docs: Path, command: str) -> Path:
     return page
 
 
-def _stand_in_problem(arm: Arm, common: list[str]) -> str:
+def _stand_in_problem(arm: Arm, common: list[str], machine: bool) -> str:
     """Why ``arm`` does not load with its ``{setup}`` overrides pointing at empty folders
     that stand in for the setup runs' (which do not exist before the study runs), or
     ``""``."""
@@ -427,20 +425,10 @@ def _stand_in_problem(arm: Arm, common: list[str]) -> str:
                     Path(value).mkdir(parents=True, exist_ok=True)
                 stand_ins.append(o)
         try:
-            load_config(arm.recipe, [*common, *stand_ins])
+            load_config(arm.recipe, [*common, *stand_ins], machine=machine)
         except ConfigError as exc:
             return str(exc)
     return ""
-
-
-def _engine_missing_here(overrides: list[str]) -> bool:
-    """The overrides choose a rollout engine this machine cannot run (not installed)."""
-    from credo.policy.engine import ENGINES, engine_problem
-
-    engines = [o.split("=", 1)[1].strip() for o in overrides if o.startswith("rollout.engine=")]
-    return (
-        bool(engines) and engines[-1] in ENGINES and engine_problem(engines[-1], None) is not None
-    )
 
 
 def write_index(studies: Path, docs: Path) -> Path:

@@ -112,7 +112,8 @@ def register_engine(
         problem: ``problem(rollout)`` says in one line why the engine cannot run with the
             config's ``rollout`` section (``None``: not checking settings) or on this
             machine (a missing package, no GPU), or returns ``None``; checked at config
-            load, before compute.
+            load, before compute. Settings come first: with settings it accepts, the
+            line is the machine's, as with ``None``.
         in_process: it samples with the policy object it is given, nothing of its own
             (default false): asynchronous rollouts (``rollout.staleness``) then sample with
             copies of the trainer's weights.
@@ -151,17 +152,24 @@ def engine_problem(name: str, rollout: Any = None) -> str | None:
     return ENGINES.meta(name)["problem"](rollout)
 
 
-def check_engine_config(rollout: Any) -> str | None:
+def check_engine_config(rollout: Any, *, machine: bool = True) -> str | None:
     """The config check of ``rollout.engine`` and ``rollout.engine_params`` (one line, or
     ``None``): a registered name ("did you mean" otherwise), knobs its params class
-    accepts, settings it supports, and a machine it can run on."""
+    accepts, settings it supports, and (with ``machine``) a machine it can run on.
+
+    Without ``machine`` the machine's own line is dropped: a ``problem`` function names
+    the settings it refuses before the machine (see :func:`register_engine`), so a line
+    that equals the machine-only answer is the machine's."""
     if rollout.engine not in ENGINES:
         return unknown_name_message("engine", rollout.engine, ENGINES.names())
     try:
         engine_params(rollout.engine, rollout.engine_params)
     except (ValueError, TypeError) as exc:
         return f"rollout.engine_params: {exc}"
-    return engine_problem(rollout.engine, rollout)
+    problem = engine_problem(rollout.engine, rollout)
+    if not machine and problem is not None and problem == engine_problem(rollout.engine):
+        return None
+    return problem
 
 
 def make_engine(name: str, params: Mapping[str, Any] | None = None) -> GenerationEngine:

@@ -98,12 +98,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load_config(recipe: str = "grpo", overrides: list[str] | None = None) -> Config:
-    """Recipe (with inheritance) + overrides → validated :class:`Config`."""
+def load_config(
+    recipe: str = "grpo", overrides: list[str] | None = None, *, machine: bool = True
+) -> Config:
+    """Recipe (with inheritance) + overrides → validated :class:`Config`. With
+    ``machine=False`` nothing about this machine is checked (an engine's package, a
+    CUDA device): a config read, not run here (:func:`validate.machine_checks`)."""
+    from credo.train.config.validate import machine_checks
+
     data = _read_recipe(recipe)
     data.setdefault("recipe", Path(recipe).stem)
     data = apply_overrides(data, overrides or [])
-    return Config.from_dict(data)
+    with machine_checks(machine):
+        return Config.from_dict(data)
 
 
 def config_hash(obj: Any) -> str:

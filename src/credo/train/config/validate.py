@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import multiprocessing
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,25 @@ from credo.utils.registry import unknown_name_message
 if TYPE_CHECKING:
     from credo.train.config.schema import Config
 
-__all__ = ["RUN_NAME", "validate"]
+__all__ = ["RUN_NAME", "machine_checks", "validate"]
+
+#: Whether validation also asks this machine (an engine's package, a CUDA device): on by
+#: default; :func:`machine_checks` turns it off where a config is only read, not run
+#: (a study index built in credo's own venv for an arm that samples with vLLM).
+_MACHINE: ContextVar[bool] = ContextVar("credo_machine_checks", default=True)
+
+
+@contextmanager
+def machine_checks(on: bool) -> Iterator[None]:
+    """Within the block, validation checks this machine's packages and devices only
+    if ``on``; everything else (names, values, settings an engine refuses) is checked
+    either way."""
+    token = _MACHINE.set(on)
+    try:
+        yield
+    finally:
+        _MACHINE.reset(token)
+
 
 #: What ``train.name`` may be: one folder name under ``train.runs_dir`` (letters, digits,
 #: ``_``, ``-`` and ``.``, not starting with ``.`` or ``-``), never a path: no separator,
@@ -141,7 +161,7 @@ def _model(cfg: Config) -> None:
     if m.device.startswith("cuda"):
         import torch
 
-        if not torch.cuda.is_available():
+        if _MACHINE.get() and not torch.cuda.is_available():
             raise ConfigError(
                 f"model.device={m.device} but this torch build sees no CUDA device "
                 f"(torch {torch.__version__}); use model.device=cpu or auto"
@@ -232,7 +252,7 @@ def _rollout(cfg: Config) -> None:
     _staleness(cfg)
     from credo.policy.engine import check_engine_config
 
-    if problem := check_engine_config(r):
+    if problem := check_engine_config(r, machine=_MACHINE.get()):
         raise ConfigError(problem)
 
 
