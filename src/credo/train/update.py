@@ -522,6 +522,8 @@ def _minibatch_step(
             "last checkpoint with a lower optim.lr, or check the rewards and advantages"
         )
     metrics["policy/grad_norm"] = float(grad_norm)
+    # an exactly zero gradient: a step AdamW takes on its moments alone (optim.zero_grad_step)
+    metrics["policy/zero_grad_frac"] = float(grad_norm == 0)
     return metrics
 
 
