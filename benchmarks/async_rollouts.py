@@ -92,6 +92,12 @@ def main() -> None:
             )
             res = train(cfg, quiet=True)
             recs = res.metrics[1:]  # the first iteration has nothing to overlap with
+            if not recs:  # stopped (SIGTERM, Ctrl-C) before a second iteration
+                print(
+                    f"k = {k} ({worker}) stopped after {len(res.metrics)} iteration(s): "
+                    "not measured; the table holds the settings before it"
+                )
+                break
             per_it = statistics.fmean(r["time/iteration_s"] for r in recs)
             reference = reference or per_it
             rows.append(
@@ -106,6 +112,7 @@ def main() -> None:
                     f"{statistics.fmean(r['rollout/success_rate'] for r in res.metrics[-4:]):.3f}",
                 ]
             )
+            print(f"measured k = {k} ({worker}): {per_it:.2f} s / iteration", flush=True)
     print_table(
         f"asynchronous rollouts, {args.iterations} iterations of GRPO "
         f"({'built-in model' if args.model is None else args.model}, "
