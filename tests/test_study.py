@@ -240,7 +240,11 @@ overrides:
   eval.episodes: 8
 stages:
   - {name: warm, kind: sft}
-  - {name: fewer_turns, kind: eval, policy: warm, overrides: {env.kwargs.max_turns: 2}}
+  - name: fewer_turns
+    kind: eval
+    policy: warm
+    overrides: {env.kwargs.max_turns: 2}
+    params: {trials: 2, ks: [1, 2], episodes: 4}
 """
 
 
@@ -289,10 +293,22 @@ def test_a_study_of_pipelines_runs_each_seed_and_tabulates_every_measured_stage(
         for seed, value in zip([0, 1], r["success"], strict=True):
             marker = folder / f"{r['arm']}-seed{seed}" / r["stage"] / "stage.json"
             assert value == json.loads(marker.read_text())["summary"]["success_rate"]
+    # pass^k only where an eval stage ran several trials per task: its eval.json's values
+    assert ["pass_hat_k" in r for r in data["rows"]] == [False, True, False, True]
+    for r in data["rows"][1::2]:
+        assert list(r["pass_hat_k"]) == ["1", "2"]
+        for seed in (0, 1):
+            ev = folder / f"{r['arm']}-seed{seed}" / r["stage"] / "eval.json"
+            saved = json.loads(ev.read_text())["pass_hat_k"]
+            assert [r["pass_hat_k"][k][seed] for k in ("1", "2")] == [saved["1"], saved["2"]]
+            assert saved["2"] <= saved["1"]
     row = data["rows"][0]
     mean = 100 * (row["success"][0] + row["success"][1]) / 2
     page = (docs / "pipes.md").read_text()
     assert f"| short | warm (sft) | {mean:.1f} %" in page
+    assert "| pass^1, mean ± sd | pass^2, mean ± sd |" in page
+    short_evals = data["rows"][1]["pass_hat_k"]["2"]
+    assert f"| {100 * (short_evals[0] + short_evals[1]) / 2:.1f} % ± " in page
     assert f"| long | `{tmp_path / 'pipe.yaml'}` | sft.steps=60 |" in page
     assert "img/pipes.png" not in page  # no training curve for a pipeline study
     assert "[two warm starts](pipes.md)" in (docs / "README.md").read_text()

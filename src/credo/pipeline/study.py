@@ -15,7 +15,8 @@ pipeline`` process with its log beside the folder. A stopped study resumes: a fi
 pipeline is only read, an unfinished one continues with ``--resume`` (finished stages
 are kept). The table has one row per arm and stage that measured held-out success (the
 warm start's SFT, the RL stage's final evaluation, every ``eval`` stage), a column per
-seed and the mean ± sd; it is written as ``compare.md`` and ``compare.json`` like a
+seed and the mean ± sd (and pass^k where an ``eval`` stage ran several trials per task);
+it is written as ``compare.md`` and ``compare.json`` like a
 recipe study's, so the page and the index are made the same way.
 """
 
@@ -177,15 +178,22 @@ def run_pipelines(
     return write_table(arms, seeds, stages=stages, out_dir=out_dir)
 
 
-def _stage_success(folder: Path, stages: Sequence[str]) -> dict[str, tuple[str, float]]:
-    """Stage name → (kind, held-out success) of the stages of a finished pipeline that
-    measured held-out success, in the pipeline's order."""
-    out: dict[str, tuple[str, float]] = {}
+def _stage_success(folder: Path, stages: Sequence[str]) -> dict[str, tuple[str, float, dict]]:
+    """Stage name → (kind, held-out success, pass^k by k) of the stages of a finished
+    pipeline that measured held-out success, in the pipeline's order; pass^k from an
+    ``eval`` stage's ``eval.json`` with ``trials`` > 1 (else empty)."""
+    out: dict[str, tuple[str, float, dict]] = {}
     for stage in stages:
         meta = json.loads((folder / stage / MARKER).read_text())
         summary = meta.get("summary", {})
         if "success_rate" in summary:
-            out[stage] = (str(meta.get("kind", "")), float(summary["success_rate"]))
+            ev = folder / stage / "eval.json"
+            passk = (json.loads(ev.read_text()).get("pass_hat_k") or {}) if ev.exists() else {}
+            out[stage] = (
+                str(meta.get("kind", "")),
+                float(summary["success_rate"]),
+                {str(k): float(v) for k, v in passk.items()},
+            )
     return out
 
 
@@ -198,26 +206,36 @@ def write_table(
 ) -> dict[str, Any]:
     """``compare.md`` and ``compare.json`` in ``out_dir`` from the finished pipelines
     (``stages``: each arm's stage names, in order): one row per arm and measured stage,
-    held-out success per seed, mean ± sd."""
+    held-out success per seed, mean ± sd, and pass^k (mean ± sd) for each k an ``eval``
+    stage measured with several trials per task ("—" in the other rows)."""
     rows: list[dict[str, Any]] = []
     for arm in arms:
         folders = [pipeline_folder(arm, s, out_dir) for s in seeds]
         per_seed = [_stage_success(f, stages[arm.name]) for f in folders]
         for stage in per_seed[0]:
-            values = [p[stage][1] for p in per_seed]
-            rows.append(
-                {"arm": arm.name, "stage": stage, "kind": per_seed[0][stage][0], "success": values}
-            )
+            row = {
+                "arm": arm.name,
+                "stage": stage,
+                "kind": per_seed[0][stage][0],
+                "success": [p[stage][1] for p in per_seed],
+            }
+            ks = set.intersection(*(set(p[stage][2]) for p in per_seed))
+            if ks:  # pass^k where every seed's evaluation has it
+                row["pass_hat_k"] = {
+                    k: [p[stage][2][k] for p in per_seed] for k in sorted(ks, key=int)
+                }
+            rows.append(row)
+    all_ks = sorted({k for r in rows for k in r.get("pass_hat_k", {})}, key=int)
     table = []
     for r in rows:
-        v = [100 * x for x in r["success"]]
-        sd = f" ± {statistics.stdev(v):.1f}" if len(v) > 1 else ""
+        passk = r.get("pass_hat_k", {})
         table.append(
             [
                 r["arm"],
                 f"{r['stage']} ({r['kind']})",
-                f"{statistics.fmean(v):.1f} %{sd}",
-                " ".join(f"{x:.1f}" for x in v),
+                _mean_sd(r["success"]),
+                " ".join(f"{100 * x:.1f}" for x in r["success"]),
+                *(_mean_sd(passk[k]) if k in passk else "—" for k in all_ks),
             ]
         )
     data = {"seeds": list(seeds), "rows": rows}
@@ -228,8 +246,16 @@ def write_table(
             "stage (kind)",
             "held-out success, mean ± sd",
             f"per seed ({', '.join(map(str, seeds))})",
+            *(f"pass^{k}, mean ± sd" for k in all_ks),
         ],
         table,
     )
     write_text_atomic(out_dir / "compare.md", md + "\n")
     return data
+
+
+def _mean_sd(values: Sequence[float]) -> str:
+    """Rates as ``"m.m % ± s.s"`` in percent (no sd for one seed)."""
+    v = [100 * x for x in values]
+    sd = f" ± {statistics.stdev(v):.1f}" if len(v) > 1 else ""
+    return f"{statistics.fmean(v):.1f} %{sd}"
