@@ -30,6 +30,13 @@ from credo.serve.recorder import SessionRecorder
 
 __all__ = ["PolicyServer", "check_bind", "is_loopback", "serve_policy"]
 
+#: Seconds an idle keep-alive connection stays open. Clients reuse an idle connection
+#: for up to their own expiry (httpx, under the openai client: 5 s); a server that
+#: closed it at the same 5 s (uvicorn's default) would race their next request, which
+#: then fails as "Connection error". Longer than any client default, so the client is
+#: always the one to close.
+KEEP_ALIVE_S = 75
+
 
 def is_loopback(host: str) -> bool:
     """``host`` is a loopback address (or ``localhost``)."""
@@ -155,6 +162,7 @@ class PolicyServer:
             log_level="warning",
             lifespan="off",
             access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=max(1, int(self.stop_timeout_s)),
         )
         self._server = uvicorn.Server(config)
