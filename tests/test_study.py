@@ -356,3 +356,34 @@ def test_a_pipeline_arm_with_a_bad_value_stops_before_any_stage(
     err = capsys.readouterr().err
     assert err.startswith(f"error: study {path}: arm a: ") and "optim.lr" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_run_stopped_before_its_end_is_reported_as_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that a signal stopped (it checkpoints and exits cleanly, with no final
+    result) makes the comparison say so in one line, naming the run and how to continue,
+    in process and with ``--jobs`` (was: "No such file ... final_eval.json")."""
+    import subprocess
+    import sys
+
+    import credo.commands.compare as cmp
+
+    common = [*SMALL, "eval.episodes=8", "train.iterations=1"]
+    # in process: train returns as after SIGTERM, without a final evaluation
+    monkeypatch.setattr(cmp, "train", lambda *a, **k: None)
+    with pytest.raises(cmp.RunStopped, match=r"1 run\(s\) stopped before their end.*grpo-seed0"):
+        compare([Arm("grpo", "grpo")], [0], overrides=common, out_dir=tmp_path / "one")
+    # in processes: each exits 0 without finishing; no further run starts after a stop
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        started.append(cmd)
+        return real_popen([sys.executable, "-c", "pass"], **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(cmp.subprocess, "Popen", popen)
+    arms = [Arm("a", "grpo"), Arm("b", "grpo", ("optim.minibatches=2",))]
+    with pytest.raises(cmp.RunStopped, match=r"run the same command again to continue"):
+        compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2)
+    assert len(started) == 2  # the two first runs; the other two never started

@@ -51,11 +51,31 @@ from credo.utils.atomic import write_file_atomic, write_text_atomic
 from credo.utils.markdown import markdown_table
 from credo.utils.safe_yaml import read_yaml_file
 
-__all__ = ["Arm", "RecipeSummary", "RunFailed", "arms_from_recipes", "compare", "split_overrides"]
+__all__ = [
+    "Arm",
+    "RecipeSummary",
+    "RunFailed",
+    "RunStopped",
+    "arms_from_recipes",
+    "compare",
+    "split_overrides",
+]
 
 
 class RunFailed(RuntimeError):
     """A run of a comparison trained in its own process failed (the message names its log)."""
+
+
+class RunStopped(RunFailed):
+    """A run stopped before its end (SIGTERM, Ctrl-C: its checkpoint is kept); the same
+    command continues it."""
+
+
+def _stopped(names: Sequence[str]) -> RunStopped:
+    return RunStopped(
+        f"{len(names)} run(s) stopped before their end, checkpoints kept ({', '.join(names)}): "
+        "run the same command again to continue"
+    )
 
 
 @dataclass(frozen=True)
@@ -195,6 +215,8 @@ def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
         if resume is not None:
             cfg = Config.from_dict(read_yaml_file(run_dir / "config.yaml"))
         train(cfg, resume=resume, quiet=True)
+        if not _finished(run_dir):  # stopped by a signal: a checkpoint, no final result
+            raise _stopped([run_dir.name])
     return _result(run_dir)
 
 
@@ -374,6 +396,7 @@ def _run_parallel(
     running: dict[int, tuple[subprocess.Popen[bytes], Any]] = {}
     done: set[int] = set(range(len(runs))) - set(pending)
     failed: list[str] = []
+    stopped: list[str] = []  # exited cleanly before their end (a signal): resumable
 
     def ready(i: int) -> bool:  # the warm start it needs is trained (or it trains it)
         key = keys[i]
@@ -382,7 +405,7 @@ def _run_parallel(
 
     try:
         while pending or running:
-            startable = [] if failed else [i for i in pending if ready(i)]
+            startable = [] if failed or stopped else [i for i in pending if ready(i)]
             for i in startable[: jobs - len(running)]:
                 pending.remove(i)
                 seed, arm, name = runs[i]
@@ -407,14 +430,18 @@ def _run_parallel(
                     failed.append(
                         f"{runs[i][2]} (exit {proc.returncode}, {out_dir / runs[i][2]}.log)"
                     )
-            if failed and not running:
-                break  # no new run starts after a failure
+                elif not _finished(out_dir / runs[i][2]):
+                    stopped.append(runs[i][2])
+            if (failed or stopped) and not running:
+                break  # no new run starts after a failure or a stop
     finally:
         for proc, log in running.values():  # interrupted: the runs checkpoint and stop
             proc.wait()
             log.close()
     if failed:
         raise RunFailed(f"{len(failed)} run(s) failed: {'; '.join(failed)}")
+    if stopped:
+        raise _stopped(stopped)
     return [_result(out_dir / name) for _, _, name in runs]
 
 

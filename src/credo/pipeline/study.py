@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from credo.commands.compare import RunFailed
+from credo.commands.compare import RunFailed, RunStopped
 from credo.commands.study import PipelineArm, Study, publish
 from credo.pipeline.runner import MARKER
 from credo.pipeline.spec import PipelineError, load_pipeline
@@ -142,11 +142,12 @@ def run_pipelines(
         for arm, seed in runs
         if not _finished(pipeline_folder(arm, seed, out_dir), stages[arm.name])
     ]
-    running: list[tuple[subprocess.Popen[bytes], Any, str]] = []
+    running: list[tuple[subprocess.Popen[bytes], Any, str, str]] = []  # proc, log, run, arm
     failed: list[str] = []
+    stopped: list[str] = []  # exited cleanly before their last stage (a signal): resumable
     try:
         while pending or running:
-            while pending and len(running) < jobs and not failed:
+            while pending and len(running) < jobs and not failed and not stopped:
                 arm, seed = pending.pop(0)
                 if on_run is not None:
                     on_run(arm.name, seed, runs.index((arm, seed)), len(runs))
@@ -157,24 +158,31 @@ def run_pipelines(
                 cmd += _overrides(arm, common, seed, out_dir)
                 log = folder.with_suffix(".log").open("ab")
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-                running.append((proc, log, folder.name))
+                running.append((proc, log, folder.name, arm.name))
             time.sleep(1.0)
             for item in list(running):
-                proc, log, name = item
+                proc, log, name, arm_name = item
                 if proc.poll() is None:
                     continue
                 log.close()
                 running.remove(item)
                 if proc.returncode != 0:
                     failed.append(f"{name} (exit {proc.returncode}, {out_dir / name}.log)")
-            if failed and not running:
+                elif not _finished(out_dir / name, stages[arm_name]):
+                    stopped.append(name)
+            if (failed or stopped) and not running:
                 break
     finally:
-        for proc, log, _ in running:  # interrupted: each pipeline stops where it can resume
+        for proc, log, *_ in running:  # interrupted: each pipeline stops where it can resume
             proc.wait()
             log.close()
     if failed:
         raise RunFailed(f"{len(failed)} pipeline(s) failed: {'; '.join(failed)}")
+    if stopped:
+        raise RunStopped(
+            f"{len(stopped)} pipeline(s) stopped before their last stage "
+            f"({', '.join(stopped)}): run the same command again to continue"
+        )
     return write_table(arms, seeds, stages=stages, out_dir=out_dir)
 
 
