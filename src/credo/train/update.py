@@ -89,7 +89,7 @@ class UpdateSettings:
     grad_clip: float
     recompute_old_logprobs: bool
     skip_zero_advantage: bool
-    zero_grad_step: bool = True
+    zero_grad_step: bool = False
 
     @classmethod
     def from_config(cls, cfg: Any) -> UpdateSettings:
