@@ -78,21 +78,32 @@ def test_skipping_gives_the_same_gradient_steps(setting: list[str]) -> None:
     assert 0 < skipped < 0.5 and "policy/skipped_rows" not in ma
 
 
-def test_a_mini_batch_with_nothing_left_still_steps_on_adams_momentum() -> None:
-    """AdamW moves the weights with a zero gradient (its first moment from the earlier
-    steps); leaving every row out must not drop that step."""
+@pytest.mark.parametrize("zero_grad_step", [True, False])
+def test_a_mini_batch_with_nothing_left_steps_as_a_zero_gradient_does(
+    zero_grad_step: bool,
+) -> None:
+    """Leaving every row out changes nothing against keeping them: with
+    ``optim.zero_grad_step=true`` AdamW still moves the weights on the zero gradient (its
+    first moment from the earlier step) in both; with false (the default) neither steps,
+    and the optimizer's step count stays at 1."""
     runs = []
     for skip in ("false", "true"):
         pol = _policy()
         opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-3)
-        one_step = ["optim.minibatches=1", f"optim.skip_zero_advantage={skip}"]
+        one_step = [
+            "optim.minibatches=1",
+            f"optim.skip_zero_advantage={skip}",
+            f"optim.zero_grad_step={str(zero_grad_step).lower()}",
+        ]
         _update(pol, opt, _batch(), one_step)
         before = [p.detach().clone() for p in pol.model.parameters()]
         flat = _batch(1)
         flat.advantages.zero_()  # every group of one outcome
         m = _update(pol, opt, flat, one_step)
-        assert int(next(iter(opt.state.values()))["step"]) == 2
-        assert any(not torch.equal(p, q) for p, q in zip(before, pol.model.parameters()))
+        assert int(next(iter(opt.state.values()))["step"]) == (2 if zero_grad_step else 1)
+        moved = any(not torch.equal(p, q) for p, q in zip(before, pol.model.parameters()))
+        assert moved == zero_grad_step
+        assert m["policy/zero_grad_frac"] == 1.0
         runs.append((pol, m))
     (a, _), (b, mb) = runs
     for pa, pb in zip(a.model.parameters(), b.model.parameters()):
