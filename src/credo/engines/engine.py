@@ -125,7 +125,8 @@ class Engine:
         under DeepSpeed (:attr:`steps_regardless`). With ``step_on_zero=False`` neither
         does an exactly zero gradient (every advantage of the mini-batch 0 and no other
         loss term), on which Adam would still move the weights by its moments
-        (``optim.zero_grad_step``)."""
+        (``optim.zero_grad_step``); under DeepSpeed ZeRO its own engine takes every step
+        (as with a non-finite norm)."""
         if self.zero is not None:
             return self.zero.step()
         norm = fsdp.plain_norm(torch.nn.utils.clip_grad_norm_(params, grad_clip))

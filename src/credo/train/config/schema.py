@@ -408,7 +408,8 @@ class OptimConfig:
             docs/studies/zero-grad-step.md (GRPO 33.5 → 36.2 %, ProAS's pruned teacher
             26.3 ± 22.7 → 38.7 ± 3.0 %, its collapsed seed did not collapse). true is the
             behaviour of every result published before 2026-12-04 and of the golden
-            metrics (tests/test_train_golden.py pins it).
+            metrics (tests/test_train_golden.py pins it). Under DeepSpeed ZeRO every step
+            is taken (its engine steps itself).
     """
 
     lr: float = 3e-4
