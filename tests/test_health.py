@@ -215,3 +215,20 @@ def test_the_top_action_metrics_by_hand() -> None:
         "rollout/top_action_invalid": 2 / 3,
     }
     assert top_action(RolloutForest.from_episodes([])) == {}
+
+
+def test_mixed_groups_count_the_groups_whose_returns_differ() -> None:
+    """``rollout/mixed_groups``: group 0 mixes returns 1 and 0 (informative), group 1 is
+    all 1, group 2 has returns 0.5 and 0.5 reached by different step rewards (uniform),
+    group 3 mixes 0.5 and 0.25: two informative groups of four."""
+    from credo.data import Episode, Step
+    from credo.train.iteration import mixed_groups
+
+    def ep(group: int, *rewards: float) -> Episode:
+        steps = [Step(observation="o", action="a", reward=r) for r in rewards]
+        return Episode(group=group, steps=steps, success=sum(rewards) == 1)
+
+    eps = [ep(0, 1.0), ep(0, 0.0), ep(1, 1.0), ep(1, 0.5, 0.5), ep(2, 0.5), ep(2, 0.25, 0.25)]
+    eps += [ep(3, 0.5), ep(3, 0.25)]
+    assert mixed_groups(eps) == 2
+    assert mixed_groups([]) == 0 and mixed_groups([ep(5, 1.0)]) == 0

@@ -8,7 +8,13 @@ import math
 import pytest
 import torch
 
-from credo.commands.compare import HEALTH_COLUMNS, RecipeSummary, _health, summary_table_rows
+from credo.commands.compare import (
+    HEALTH_COLUMNS,
+    TOKENS_PER_MIXED_GROUP,
+    RecipeSummary,
+    _health,
+    summary_table_rows,
+)
 from credo.credit import advantage_stats
 from credo.objectives.health import merge_extreme, ratio_extremes, sampler_kl
 from credo.objectives.metrics import k3_from_log_ratio
@@ -104,3 +110,15 @@ def test_compare_health_columns_are_means_of_the_last_iterations() -> None:
     assert labels == cols[-len(labels) :] == ["episode len", "invalid", "entropy"]
     assert (cells["invalid"], cells["entropy"], cells["episode len"]) == ("20.0%", "1.00", "4.0")
     assert "|A| p99" not in cells and "clip frac" not in cells
+
+
+def test_tokens_per_mixed_group_is_over_the_whole_run() -> None:
+    """``gen tokens per mixed group``: every iteration's generated tokens over every
+    iteration's mixed groups (300 + 100 + 200 tokens, 2 + 0 + 1 groups: 200), not the
+    last iterations' mean; absent when the run logged no mixed group."""
+    metrics = [
+        {"rollout/gen_tokens": t, "rollout/mixed_groups": g}
+        for t, g in ((300, 2), (100, 0), (200, 1))
+    ]
+    assert _health(metrics, smooth=1)[TOKENS_PER_MIXED_GROUP] == pytest.approx(200.0)
+    assert TOKENS_PER_MIXED_GROUP not in _health([{"rollout/gen_tokens": 5}], smooth=1)

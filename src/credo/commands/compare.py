@@ -516,14 +516,20 @@ def _ratio(steps: int | None, ref_steps: int | None) -> float | None:
     return steps / ref_steps if steps is not None and ref_steps else None
 
 
+#: The whole run's generated tokens over its mixed groups (``rollout/mixed_groups``: the
+#: groups whose returns differ, the only ones a group-relative estimator learns from).
+TOKENS_PER_MIXED_GROUP = "tokens_per_mixed_group"
+
 #: training-health and cost columns: metric → (column, format); each the mean over a run's
-#: last ``smooth`` iterations (how the run ended), then over the seeds ("—" when a recipe
-#: does not log it; a column no recipe logs is left out).
+#: last ``smooth`` iterations (how the run ended), but :data:`TOKENS_PER_MIXED_GROUP`,
+#: over the whole run; then over the seeds ("—" when a recipe does not log it; a column
+#: no recipe logs is left out).
 HEALTH_COLUMNS = {
     "rollout/episode_len": ("episode len", "{:.1f}"),
     "rollout/invalid_rate": ("invalid", "{:.1%}"),
     "policy/entropy": ("entropy", "{:.2f}"),
     "rollout/gen_tokens": ("gen tokens/it", "{:,.0f}"),
+    TOKENS_PER_MIXED_GROUP: ("gen tokens per mixed group", "{:,.0f}"),
     "credit/adv_abs_p99": ("|A| p99", "{:.2f}"),
     "policy/clip_frac": ("clip frac", "{:.3f}"),
     "teacher/seconds": ("teacher s/iteration", "{:.2f}"),
@@ -539,11 +545,17 @@ def _health(metrics: list[dict[str, Any]], smooth: int) -> dict[str, float]:
     """The :data:`HEALTH_COLUMNS` metrics of one run: means over its last ``smooth``
     iterations (metrics the run did not log are left out)."""
     tail = metrics[-max(1, smooth) :]
-    return {
+    out = {
         k: statistics.fmean(float(r[k]) for r in tail if k in r)
         for k in HEALTH_COLUMNS
         if any(k in r for r in tail)
     }
+    groups = sum(int(r.get("rollout/mixed_groups", 0)) for r in metrics)
+    if groups:
+        out[TOKENS_PER_MIXED_GROUP] = (
+            sum(int(r.get("rollout/gen_tokens", 0)) for r in metrics) / groups
+        )
+    return out
 
 
 def _table_rows(summaries: list[RecipeSummary]) -> list[list[str]]:

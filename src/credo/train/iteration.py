@@ -212,6 +212,7 @@ def iteration_metrics(data: IterationData, env_steps_total: int, clock: Clock) -
         "rollout/env_steps": rollout.env_steps,
         "rollout/env_steps_total": env_steps_total,
         "rollout/gen_tokens": rollout.generated_tokens,
+        "rollout/mixed_groups": mixed_groups(eps),
         "credit/adv_mean": float(adv.mean()) if adv.numel() else 0.0,
         "credit/adv_std": float(adv.std()) if adv.numel() > 1 else 0.0,
         "credit/adv_abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
@@ -227,6 +228,16 @@ def iteration_metrics(data: IterationData, env_steps_total: int, clock: Clock) -
         **success_by_env(eps),
         **{k: float(v) for k, v in sorted(rollout.stats.items())},
     }
+
+
+def mixed_groups(episodes: list[Any]) -> int:
+    """``rollout/mixed_groups``: the iteration's groups (``Episode.group``: a task's
+    episodes, a tree's or a merged graph's leaves) whose returns are not all equal, the
+    groups from which a group-relative estimator draws any signal."""
+    returns: dict[int, set[float]] = {}
+    for e in episodes:
+        returns.setdefault(e.group, set()).add(round(float(e.ret), 9))
+    return sum(len(r) > 1 for r in returns.values())
 
 
 def success_by_env(episodes: list[Any]) -> dict[str, float]:
