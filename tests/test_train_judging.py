@@ -363,6 +363,27 @@ def test_judge_section_checks(tmp_path: Path) -> None:
     assert not load_config("grpo").judge.enabled
 
 
+def test_a_judge_this_machine_lacks_is_a_machine_check(tmp_path: Path) -> None:
+    """A study read here (its index) names a fitted judge that is not fitted yet: without
+    the machine checks the missing folder and rubric file are not asked for, the rest is
+    still checked; a rubric that is there still loads."""
+    judge = [
+        "env.name=tools",
+        "env.kwargs={closing: respond}",
+        f"judge.model={tmp_path}/judge",
+        f"judge.rubric={tmp_path}/judge/rubric.yaml",
+    ]
+    with pytest.raises(ConfigError, match="no such folder"):
+        load_config("serpo", judge)
+    assert load_config("serpo", judge, machine=False).judge.enabled
+    with pytest.raises(ConfigError, match=r"judge\.proposer must be one of"):
+        load_config("serpo", [*judge, "judge.proposer=magic"], machine=False)
+    (tmp_path / "judge").mkdir()
+    (tmp_path / "judge" / "rubric.yaml").write_text("[]\n")
+    with pytest.raises(ConfigError, match="non-empty list of items"):
+        load_config("serpo", judge, machine=False)
+
+
 @pytest.mark.slow
 def test_a_fitted_judge_is_saved_and_loaded_as_judge_model(tmp_path: Path) -> None:
     """``benchmarks/serpo_agreement.py --fit-steps N --save DIR`` writes a judge that

@@ -87,6 +87,50 @@ def test_smollm2_generates_with_the_trainers_logprobs_and_follows_its_weights(
         engine.close()
 
 
+def test_a_batch_past_the_token_budget_samples_with_seeds(smollm2: HFPolicy) -> None:
+    """More prompt tokens than one forward pass takes (the CPU build's budget, 4,096):
+    with chunked prefill on, vLLM split the last prompt and rewound its seeded CPU
+    generator ("CPU Generator does not use offset"); off (the CPU default), every request
+    samples, with the trainer's log-probs, the same tokens again under the same seeds."""
+    words = " ".join(f"item{i}" for i in range(60))
+    prompts = []
+    for i in range(24):
+        msgs = [{"role": "user", "content": f"{i}: {words}"}]
+        ids = smollm2.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=4)
+    engine = VLLMEngine(VLLMParams(dtype="float32", enforce_eager=True, max_model_len=1024))
+    try:
+        engine.sync_weights(smollm2)
+        sched = engine.llm.llm_engine.vllm_config.scheduler_config
+        assert not sched.enable_chunked_prefill
+        assert sum(map(len, prompts)) > sched.max_num_batched_tokens
+        first = engine.generate(prompts, sp, torch.Generator().manual_seed(3))
+        assert all(g.token_ids for g in first)
+        assert _largest_diff(smollm2, prompts, first) < TOL
+        again = engine.generate(prompts, sp, torch.Generator().manual_seed(3))
+        assert [g.token_ids for g in again] == [g.token_ids for g in first]
+    finally:
+        engine.close()
+
+
+def test_chunked_prefill_on_the_cpu_build_is_refused_in_one_line() -> None:
+    from types import SimpleNamespace
+
+    from credo.policy.vllm_engine import vllm_problem
+
+    rollout = SimpleNamespace(
+        top_p=1.0,
+        aux_samples=0,
+        agent=None,
+        topk_logprobs=0,
+        engine_params={"chunked_prefill": True},
+    )
+    assert "chunked_prefill=true cannot run on vLLM's CPU build" in vllm_problem(rollout)
+    rollout.engine_params = {"chunked_prefill": False}
+    assert vllm_problem(rollout) is None
+
+
 def _vllm_run(tmp_path: Path, name: str, *extra: str) -> list[dict]:
     """A short GRPO run of the built-in model (a Llama) on GuessEnv sampled by vLLM
     (float32 unless ``extra`` says otherwise): its metrics records."""

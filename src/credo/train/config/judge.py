@@ -19,23 +19,26 @@ POOL_BY = ("env", "rubric", "rank")
 __all__ = ["check_judge_config"]
 
 
-def check_judge_config(cfg: Any) -> str | None:
+def check_judge_config(cfg: Any, machine: bool = True) -> str | None:
     """One line naming what is wrong with the ``judge`` section (``None``: nothing).
 
     Checks the names and ranges, that a judge folder exists, that the rubric file loads,
     and that the env offers free text (``free_text(action)``, and ``offers_free_text()``
     true where it has it: the ``tools`` env needs ``env.kwargs.closing=respond``).
+    With ``machine=False`` (a config read, not run here: a study's index) a judge folder
+    and a rubric file this machine does not have are not asked for (a rubric that is
+    there still loads).
     """
     j = cfg.judge
     if not j.enabled:
         return None
     local = j.model != "builtin" and j.model.startswith((".", "/", "~"))
-    if local and not Path(j.model).expanduser().exists():
+    if local and machine and not Path(j.model).expanduser().exists():
         return (
             f"judge.model={j.model!r}: no such folder (fit and save a judge with "
             "benchmarks/serpo_agreement.py --fit-steps N --save DIR)"
         )
-    if j.rubric is not None:
+    if j.rubric is not None and (machine or Path(j.rubric).expanduser().exists()):
         try:
             Rubric.load(j.rubric)
         except ValueError as e:

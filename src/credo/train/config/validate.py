@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RUN_NAME", "machine_checks", "validate"]
 
-#: Whether validation also asks this machine (an engine's package, a CUDA device): on by
+#: Whether validation also asks this machine (an engine's package, a CUDA device, a
+#: fitted judge's folder and rubric file): on by
 #: default; :func:`machine_checks` turns it off where a config is only read, not run
 #: (a study index built in credo's own venv for an arm that samples with vLLM).
 _MACHINE: ContextVar[bool] = ContextVar("credo_machine_checks", default=True)
@@ -38,8 +39,8 @@ _MACHINE: ContextVar[bool] = ContextVar("credo_machine_checks", default=True)
 
 @contextmanager
 def machine_checks(on: bool) -> Iterator[None]:
-    """Within the block, validation checks this machine's packages and devices only
-    if ``on``; everything else (names, values, settings an engine refuses) is checked
+    """Within the block, validation checks this machine's packages, devices and a
+    judge's files only if ``on``; everything else (names, values, settings an engine refuses) is checked
     either way."""
     token = _MACHINE.set(on)
     try:
@@ -763,7 +764,7 @@ def _judge(cfg: Config) -> None:
     has free text to judge (:func:`credo.train.config.judge.check_judge_config`)."""
     from credo.train.config.judge import check_judge_config
 
-    problem = check_judge_config(cfg)
+    problem = check_judge_config(cfg, machine=_MACHINE.get())
     if problem:
         raise ConfigError(problem)
 
