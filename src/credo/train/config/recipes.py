@@ -103,7 +103,8 @@ def load_config(
 ) -> Config:
     """Recipe (with inheritance) + overrides → validated :class:`Config`. With
     ``machine=False`` nothing about this machine is checked (an engine's package, a
-    CUDA device, a fitted judge's folder): a config read, not run here (:func:`validate.machine_checks`)."""
+    CUDA device, a fitted judge's folder): a config read, not run here
+    (:func:`validate.machine_checks`)."""
     from credo.train.config.validate import machine_checks
 
     data = _read_recipe(recipe)

@@ -31,17 +31,17 @@ if TYPE_CHECKING:
 __all__ = ["RUN_NAME", "machine_checks", "validate"]
 
 #: Whether validation also asks this machine (an engine's package, a CUDA device, a
-#: fitted judge's folder and rubric file): on by
-#: default; :func:`machine_checks` turns it off where a config is only read, not run
-#: (a study index built in credo's own venv for an arm that samples with vLLM).
+#: fitted judge's folder and rubric file): on by default; :func:`machine_checks` turns it
+#: off where a config is only read, not run (a study index built in credo's own venv for
+#: an arm that samples with vLLM, or whose judge is not fitted yet).
 _MACHINE: ContextVar[bool] = ContextVar("credo_machine_checks", default=True)
 
 
 @contextmanager
 def machine_checks(on: bool) -> Iterator[None]:
     """Within the block, validation checks this machine's packages, devices and a
-    judge's files only if ``on``; everything else (names, values, settings an engine refuses) is checked
-    either way."""
+    judge's files only if ``on``; everything else (names, values, settings an engine
+    refuses) is checked either way."""
     token = _MACHINE.set(on)
     try:
         yield
