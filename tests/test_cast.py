@@ -248,6 +248,22 @@ def _toy_labels(n: int, seed: int) -> list[LabelledStep]:
     return out
 
 
+def test_critic_training_refuses_a_nan_step() -> None:
+    """A NaN loss stops the critic's training before the step (which would make every
+    weight NaN): one line naming the step; no weight moved."""
+    words = ["page", ":", "item", "red", "wool", "scarf", "$", "20", ";", "sizes", "s", "m"]
+    words += ["l", "chosen", "action", "buy", "choose", "[", "]"]
+    cfg = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    critic = new_critic(build_word_tokenizer(words), cfg, seed=0, max_len=64)
+    with torch.no_grad():
+        critic.head.weight[0, 0] = float("nan")
+    before = {k: v.clone() for k, v in critic.state_dict().items()}
+    with pytest.raises(FloatingPointError, match=r"critic training step 1 of 5: the loss is nan"):
+        train_critic(critic, _toy_labels(16, seed=0), steps=5, batch_size=8, lr=3e-3)
+    for k, v in critic.state_dict().items():
+        assert torch.equal(before[k].nan_to_num(), v.nan_to_num()), k
+
+
 @pytest.mark.slow
 def test_critic_learns_to_separate_ok_from_error(tmp_path: Path) -> None:
     words = ["page", ":", "item", "red", "wool", "scarf", "$", "20", ";", "sizes", "s", "m"]

@@ -204,6 +204,20 @@ def test_fit_judge_gradient_moves_the_verdict_toward_the_label() -> None:
     assert judge.scores(["is it polite ?"], ["thanks"]).item() > before  # cache was cleared
 
 
+def test_fit_judge_refuses_a_nan_step() -> None:
+    judge = _judge()
+    with torch.no_grad():
+        judge.policy.model.get_output_embeddings().weight[0, 0] = float("nan")
+    before = {k: v.clone() for k, v in judge.policy.model.state_dict().items()}
+    ex = [JudgeExample("is it polite ?", "", "thanks", 1.0)]
+    with pytest.raises(
+        FloatingPointError, match=r"judge fitting step 1 of 3: the loss is .* gradient norm nan"
+    ):
+        fit_judge(judge, ex, steps=3, lr=1e-2, batch_size=1)
+    for k, v in judge.policy.model.state_dict().items():
+        assert torch.equal(before[k].nan_to_num(), v.nan_to_num()), k
+
+
 def test_fit_judge_learns_a_verdict_the_untrained_judge_does_not_know() -> None:
     judge = _judge()
     q = "is it polite ?"

@@ -28,6 +28,7 @@ import torch
 from credo.critics.critic import Critic
 from credo.critics.labeller import LabelledStep
 from credo.critics.metrics import critic_metrics
+from credo.utils.finite import check_step
 
 __all__ = ["CriticStats", "class_weights", "evaluate_critic", "split_by_task", "train_critic"]
 
@@ -95,7 +96,12 @@ def train_critic(
 ) -> CriticStats:
     """Fit ``critic`` (in place) to ``labels``: AdamW, class-weighted cross-entropy
     (:func:`class_weights`; ``weighting=False``: plain mean), batches drawn without
-    replacement epoch by epoch."""
+    replacement epoch by epoch.
+
+    Raises:
+        FloatingPointError: a step's loss or gradient norm is not finite (the step is not
+            taken; :func:`credo.utils.finite.check_step`).
+    """
     if not labels:
         raise ValueError("train_critic: no labelled steps")
     index = {c: i for i, c in enumerate(critic.classes)}
@@ -120,7 +126,13 @@ def train_critic(
         loss = loss_fn(critic(ids, lengths), y_all[idx].to(critic.head.weight.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
+        check_step(
+            loss,
+            critic.parameters(),
+            1.0,
+            f"critic training step {step + 1} of {steps}",
+            "Lower the critic's learning rate (lr)",
+        )
         opt.step()
         loss_val = float(loss.detach())
         if on_step is not None:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from credo.teachers.judge import Judge
+from credo.utils.finite import check_step
 
 __all__ = ["JudgeExample", "fit_judge", "verdict_loss"]
 
@@ -70,7 +71,12 @@ def fit_judge(
 ) -> list[float]:
     """Fit ``judge``'s model on ``examples`` with Adam for ``steps`` batches drawn with
     replacement; returns each step's loss. The judge's cache is emptied (its verdicts
-    changed)."""
+    changed).
+
+    Raises:
+        FloatingPointError: a step's loss or gradient norm is not finite (the step is not
+            taken; :func:`credo.utils.finite.check_step`).
+    """
     if steps < 0 or batch_size < 1 or not examples:
         raise ValueError(
             f"fit_judge needs examples, steps ≥ 0 and batch_size ≥ 1; got {len(examples)} "
@@ -88,12 +94,19 @@ def fit_judge(
     model.train()
     losses: list[float] = []
     try:
-        for _ in range(steps):
+        for step in range(steps):
             idx = [rng.randrange(len(prompts)) for _ in range(batch_size)]
             margins = judge.margins([prompts[i] for i in idx])
             loss = verdict_loss(margins, labels[idx].to(margins.device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            check_step(
+                loss,
+                model.parameters(),
+                float("inf"),  # measured, not clipped
+                f"judge fitting step {step + 1} of {steps}",
+                "Lower the learning rate (lr)",
+            )
             opt.step()
             losses.append(float(loss.detach()))
     finally:

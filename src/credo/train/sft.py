@@ -37,6 +37,7 @@ from credo.rollout.envguard import (
 )
 from credo.rollout.group import read_instruction
 from credo.rollout.render import Renderer, Turn
+from credo.utils.finite import check_step
 
 __all__ = ["Demonstrations", "SFTStats", "collect_demonstrations", "pad_rows", "sft_train"]
 
@@ -301,15 +302,14 @@ def sft_train(
         loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        if not (torch.isfinite(loss) and torch.isfinite(norm)):
-            # one such step makes every weight NaN (AdamW), and the warm start is cached
-            raise FloatingPointError(
-                f"SFT step {step + 1} of {steps}: the loss is {float(loss.detach()):.4g} and the "
-                f"gradient norm {float(norm):.4g}; the step was not taken and nothing is "
-                "cached. Lower sft.lr, or train in float32 (model.dtype=float32) or mixed "
-                "precision (model.mixed_precision=bf16) instead of bfloat16 weights"
-            )
+        check_step(  # a NaN step would make every weight NaN, and be cached
+            loss,
+            params,
+            grad_clip,
+            f"SFT step {step + 1} of {steps}",
+            "Nothing is cached. Lower sft.lr, or train in float32 (model.dtype=float32) or "
+            "mixed precision (model.mixed_precision=bf16) instead of bfloat16 weights",
+        )
         opt.step()
         sched.step()
         tokens += int(attn.sum())
