@@ -61,7 +61,7 @@ def _overrides(tmp_path: Path, framework: str) -> list[str]:
         f"env.name={ENV}",
         "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
         "sft.enabled=false",
-        "rollout.tasks_per_iter=2",
+        "rollout.tasks_per_iter=4",
         "rollout.group_size=3",
         "rollout.max_new_tokens=4",
         "rollout.agent_timeout_s=60",
@@ -80,7 +80,9 @@ def test_a_framework_agent_is_trained_through_the_server(tmp_path: Path, framewo
     episode's requests (two per episode, sent by the framework) reached the model and
     were recorded as token rows; the trainer's log-probs of those rows equal the recorded
     ones (KL to the sampler 0 before the first step); mixed returns give non-zero
-    advantages and a gradient; the evaluations go through the agent. Then the trained
+    advantages and a gradient (in at least one iteration: concurrent agents' requests
+    reach the sampler in arrival order, so on a busy machine an iteration's draws, and
+    whether its groups mix, vary); the evaluations go through the agent. Then the trained
     policy is served again and one group's recorded rows are scored directly: the prompt
     the model saw is the example's own prompt, and the recorded log-probs are the
     trainer's (difference < 1e-4, as docs/serve.md says)."""
@@ -90,11 +92,12 @@ def test_a_framework_agent_is_trained_through_the_server(tmp_path: Path, framewo
     assert res.iterations == 2 and not res.interrupted
     for r in res.metrics:
         assert r["rollout/agent_errors"] == 0.0 and r["rollout/agent_no_model_calls"] == 0.0
-        assert r["rollout/requests"] == r["rollout/env_steps"] == 12  # 2 tasks × 3 × 2 turns
-        assert r["rollout/non_append_only"] == 6  # 2nd turn: a fresh one-message prompt
-        assert r["credit/adv_abs_max"] > 0 and r["credit/zero_adv_frac"] < 1
-        assert r["policy/grad_norm"] > 0
+        assert r["rollout/requests"] == r["rollout/env_steps"] == 24  # 4 tasks × 3 × 2 turns
+        assert r["rollout/non_append_only"] == 12  # 2nd turn: a fresh one-message prompt
+        if r["credit/adv_abs_max"] > 0:
+            assert r["credit/zero_adv_frac"] < 1 and r["policy/grad_norm"] > 0
         assert r["policy/kl_sampler_first"] < 1e-8  # recorded = re-scored log-probs
+    assert any(r["credit/adv_abs_max"] > 0 for r in res.metrics)
     for ev in (res.warm, res.final):
         assert ev is not None and ev.episodes == 2 and ev.errors == 0 and ev.mean_turns == 2
     records = (res.run_dir / "metrics.jsonl").read_text().splitlines()
