@@ -9,6 +9,7 @@ critic, a fitted judge) call :func:`check_step` between ``backward()`` and ``ste
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -37,11 +38,11 @@ def check_step(
         FloatingPointError: one line naming ``where``, the loss, the norm and ``fix``;
             the step was not taken.
     """
-    norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    norm = float(torch.nn.utils.clip_grad_norm_(list(parameters), max_norm))
     value = float(loss.detach())
-    if not (torch.isfinite(loss.detach()) and torch.isfinite(norm)):
+    if not (math.isfinite(value) and math.isfinite(norm)):
         raise FloatingPointError(
-            f"{where}: the loss is {value:.4g} and the gradient norm {float(norm):.4g}; the "
+            f"{where}: the loss is {value:.4g} and the gradient norm {norm:.4g}; the "
             f"step was not taken. {fix}"
         )
-    return float(norm)
+    return norm
