@@ -41,7 +41,8 @@ async def run(task: Any, client: Any, session_id: str) -> dict[str, Any]:
     Returns ``{"reward": float, "success": bool}``.
     """
     env = make_env(task.data.get("env", "tools"), **task.data.get("env_kwargs", {}))
-    ticket = env.reset(task)
+    opened = env.reset(task)  # the desk's state ("ticket open : no calls yet")
+    ticket = f"{env.instruction()}\n{opened}"  # the customer's request comes first
     tools = env.tool_schemas()
     past: list[list[dict[str, Any]]] = []  # [assistant call, tool result] per turn
     reward = 0.0

@@ -163,7 +163,11 @@ def test_the_oracle_answers_a_tool_calling_agent_with_tool_calls() -> None:
         for ep in episodes:
             env = run.make_env()
             env.reset(Task.make("train", ep.group))
+            # the customer's ticket is in every request (it was missing: the agent sent
+            # only the desk's state, so no call's ids could be read from the prompt)
+            ticket = tok.decode(tok.encode(env.instruction(), add_special_tokens=False))
             for step in ep.steps:
+                assert ticket in tok.decode(step.prompt_ids)
                 want = env.oracle_action()
                 name, args = env.action_as_call(want)
                 text = tok.decode(step.response_ids, skip_special_tokens=True).strip()
