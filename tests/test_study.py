@@ -192,8 +192,16 @@ def test_jobs_train_side_by_side_with_the_same_results(tmp_path: Path) -> None:
     ]
     common = [*SMALL, "eval.episodes=8", "train.iterations=2"]
     seq = compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "seq")
-    par = compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2)
+    records = tmp_path / "records"
+    par = compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2, records=records)
     assert [s.final for s in par] == [s.final for s in seq]
+    # each run recorded as it finished; read back without training (run_study's records)
+    assert sorted(p.name for p in records.iterdir()) == sorted(
+        f"{a}-seed{s}" for a in ("one", "two") for s in (0, 1)
+    )
+    read = compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "read", records=records)
+    assert [s.final for s in read] == [s.final for s in seq]
+    assert not (tmp_path / "read" / "one-seed0").exists()
     for name in ("one-seed0", "two-seed1"):
         a = (tmp_path / "seq" / name / "metrics.jsonl").read_text().splitlines()
         b = (tmp_path / "par" / name / "metrics.jsonl").read_text().splitlines()

@@ -557,6 +557,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     docs = None if args.no_docs else Path(args.docs)
     command = f"credo study {args.file}" + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
     kwargs = {"out_root": out_root, "docs": docs, "jobs": args.jobs, "on_run": on_run}
+    records = None if args.no_records else Path(args.records or study.path.parent / "records")
     try:
         if study.pipelines:  # arms that are pipeline files (checked before they run)
             from credo.pipeline.study import run_pipeline_study
@@ -564,7 +565,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             run_pipeline_study(study, command=command, **kwargs)
             summaries = []
         else:
-            summaries = run_study(study, command=command, **kwargs)
+            summaries = run_study(study, command=command, records=records, **kwargs)
     except RunFailed as exc:  # a run's own error is in its log
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -935,6 +936,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--docs", default="docs/studies", help="where its page goes (default docs/studies)"
     )
     st.add_argument("--no-docs", action="store_true", help="write no page, only the runs")
+    st.add_argument(
+        "--records",
+        help="the folder of run records (a finished run's config, evaluations and metrics, "
+        "small enough to commit): this study's in RECORDS/NAME; a run recorded with the "
+        "same config is read, not trained (default: records/ beside the study file)",
+    )
+    st.add_argument("--no-records", action="store_true", help="neither read nor write run records")
     st.set_defaults(func=cmd_study)
 
     cf = _sub(

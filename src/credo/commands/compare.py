@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from credo.commands.records import record_problem, write_record
 from credo.eval.passk import check_ks
 from credo.train.checkpoint import checkpoint_iteration, latest_checkpoint
 from credo.train.config import Config, ConfigError, load_config
@@ -209,7 +210,7 @@ def split_overrides(recipes: Sequence[str], overrides: Sequence[str]) -> dict[st
     return out
 
 
-def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
+def _run_one(cfg: Config, run_dir: Path, records: Path | None = None) -> dict[str, Any]:
     if not _finished(run_dir):
         resume = _resumable(run_dir)
         if resume is not None:
@@ -217,7 +218,23 @@ def _run_one(cfg: Config, run_dir: Path) -> dict[str, Any]:
         train(cfg, resume=resume, quiet=True)
         if not _finished(run_dir):  # stopped by a signal: a checkpoint, no final result
             raise _stopped([run_dir.name])
+    _record(run_dir, records)
     return _result(run_dir)
+
+
+def _record(run_dir: Path, records: Path | None) -> None:
+    """Record the finished run ``run_dir`` in ``records`` (unless its record is current)."""
+    if records is None:
+        return
+    record = Path(records) / run_dir.name
+    cfg = Config.from_dict(read_yaml_file(run_dir / "config.yaml"))
+    if record_problem(record, cfg) is not None or _differs(run_dir, record):
+        write_record(run_dir, record)
+
+
+def _differs(run_dir: Path, record: Path) -> bool:
+    """The record's final evaluation is not the run's (another run of the same config)."""
+    return (run_dir / "final_eval.json").read_bytes() != (record / "final_eval.json").read_bytes()
 
 
 def _finished(run_dir: Path) -> bool:
@@ -280,6 +297,7 @@ def compare(
     trials: int = 1,
     ks: Sequence[int] = (),
     jobs: int = 1,
+    records: Path | None = None,
 ) -> list[RecipeSummary]:
     """Train every arm with every seed; write the table and plot; return summaries.
 
@@ -299,6 +317,9 @@ def compare(
             episodes per held-out task (each k ≤ ``trials``).
         jobs: runs trained side by side, each in its own process (default 1: one after
             the other, in this process).
+        records: a folder of run records (:mod:`credo.commands.records`): a run whose
+            record there matches its config is read from it, not trained; every run
+            trained here is recorded there when it finishes (default: none).
     """
     common = list(overrides or [])
     if arms and isinstance(arms[0], str):
@@ -334,14 +355,37 @@ def compare(
     configs = [load_config(arm.recipe, o) for (_, arm, _), o in zip(runs, run_overrides)]
     _check_one_env(names, configs[: len(arms)])
     out_dir.mkdir(parents=True, exist_ok=True)
+    # a run recorded with this config (an earlier session's) is read, not trained; a
+    # record cannot give the trained policy pass^k evaluates
+    recorded = {
+        i
+        for i, ((_, _, name), cfg) in enumerate(zip(runs, configs))
+        if records is not None and not ks and not _finished(out_dir / name)
+        and record_problem(Path(records) / name, cfg) is None
+    }  # fmt: skip
+    to_train = [i for i in range(len(runs)) if i not in recorded]
     if jobs > 1:
-        results = _run_parallel(runs, run_overrides, configs, out_dir, jobs, on_run)
+        trained = _run_parallel(
+            [runs[i] for i in to_train],
+            [run_overrides[i] for i in to_train],
+            [configs[i] for i in to_train],
+            out_dir,
+            jobs,
+            on_run,
+            records,
+        )
     else:
-        results = []
-        for k, ((seed, arm, name), cfg) in enumerate(zip(runs, configs)):
+        trained = []
+        for i in to_train:
+            seed, arm, name = runs[i]
             if on_run is not None:
-                on_run(arm.name, seed, k, len(runs))
-            results.append(_run_one(cfg, out_dir / name))
+                on_run(arm.name, seed, i, len(runs))
+            trained.append(_run_one(configs[i], out_dir / name, records))
+    by_run = dict(zip(to_train, trained))
+    results = [
+        by_run[i] if i in by_run else _result(Path(records) / runs[i][2])  # type: ignore[arg-type]
+        for i in range(len(runs))
+    ]
     summaries = {a.name: RecipeSummary(a.name) for a in arms}
     for (_, arm, name), cfg, res in zip(runs, configs, results):
         s = summaries[arm.name]
@@ -378,6 +422,7 @@ def _run_parallel(
     out_dir: Path,
     jobs: int,
     on_run: Callable[[str, int, int, int], None] | None,
+    records: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Train ``runs`` with up to ``jobs`` ``credo train`` processes at a time (each run's
     output in ``<out_dir>/<name>.log``). Runs that share a warm start wait until the
@@ -391,8 +436,8 @@ def _run_parallel(
     keys = [
         warm_start_key(cfg) if cfg.sft.enabled else f"none-{i}" for i, cfg in enumerate(configs)
     ]
-    first = {key: i for i, key in reversed(list(enumerate(keys)))}  # each key's first run
     pending = [i for i in range(len(runs)) if not _finished(out_dir / runs[i][2])]
+    first = {keys[i]: i for i in reversed(pending)}  # the run that trains each warm start
     running: dict[int, tuple[subprocess.Popen[bytes], Any]] = {}
     done: set[int] = set(range(len(runs))) - set(pending)
     failed: list[str] = []
@@ -401,7 +446,7 @@ def _run_parallel(
     def ready(i: int) -> bool:  # the warm start it needs is trained (or it trains it)
         key = keys[i]
         cached = (warm_start_folder(key) / "warmstart.json").exists()
-        return first[key] == i or first[key] in done or cached
+        return cached or first[key] == i or first[key] in done
 
     try:
         while pending or running:
@@ -432,6 +477,8 @@ def _run_parallel(
                     )
                 elif not _finished(out_dir / runs[i][2]):
                     stopped.append(runs[i][2])
+                else:
+                    _record(out_dir / runs[i][2], records)
             if (failed or stopped) and not running:
                 break  # no new run starts after a failure or a stop
     finally:
@@ -442,6 +489,8 @@ def _run_parallel(
         raise RunFailed(f"{len(failed)} run(s) failed: {'; '.join(failed)}")
     if stopped:
         raise _stopped(stopped)
+    for _, _, name in runs:  # finished before this call (recorded now if not yet)
+        _record(out_dir / name, records)
     return [_result(out_dir / name) for _, _, name in runs]
 
 

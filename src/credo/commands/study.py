@@ -31,7 +31,10 @@ through
 :func:`credo.commands.compare.compare` (the same tasks and budget, one warm start per seed,
 resumable: run it again after a stop), then writes ``docs/studies/<name>.md`` (the
 study's setup, the exact command, the table, the plot, the verdict and notes) and the
-index ``docs/studies/README.md`` (one row per study file beside it). The verdict, its
+index ``docs/studies/README.md`` (one row per study file beside it). Each finished run is
+recorded in ``studies/records/<name>/`` (``--records``; :mod:`credo.commands.records`), and
+a run recorded with the same config is read from its record instead of being trained, so a
+study of more runs than one session holds continues in the next. The verdict, its
 reason and the notes are written by a person into the study file after reading the
 results; the command only copies them.
 """
@@ -49,6 +52,7 @@ from typing import Any
 import yaml
 
 from credo.commands.compare import Arm, RecipeSummary, _run_one, compare
+from credo.commands.records import record_commits
 from credo.train.config import ConfigError
 from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table
@@ -317,9 +321,12 @@ def run_study(
     jobs: int = 1,
     on_run: Any = None,
     command: str | None = None,
+    records: Path | None = None,
 ) -> list[RecipeSummary]:
     """Train the study's arms × seeds (resumable) into ``out_root/<name>``; with
-    ``docs``, write its page and refresh the index there. Returns the summaries."""
+    ``docs``, write its page and refresh the index there. With ``records``, the runs are
+    recorded in (and, where recorded with the same config, read from)
+    ``records/<name>`` (:mod:`credo.commands.records`). Returns the summaries."""
     from credo.train.config import load_config
 
     out_dir = Path(out_root) / study.name
@@ -347,21 +354,33 @@ def run_study(
         reference=study.reference,
         on_run=on_run,
         jobs=jobs,
+        records=None if records is None else Path(records) / study.name,
     )
-    publish(study, out_dir, docs, command)
+    publish(study, out_dir, docs, command, records)
     return summaries
 
 
-def publish(study: Study, out_dir: Path, docs: Path | None, command: str | None) -> None:
+def publish(
+    study: Study,
+    out_dir: Path,
+    docs: Path | None,
+    command: str | None,
+    records: Path | None = None,
+) -> None:
     """With ``docs``: the study's page from ``out_dir`` and the index beside it."""
     if docs is not None:
-        write_page(study, out_dir, Path(docs), command or f"credo study {study.path}")
+        cmd = command or f"credo study {study.path}"
+        write_page(study, out_dir, Path(docs), cmd, records)
         write_index(study.path.parent, Path(docs))
 
 
-def write_page(study: Study, out_dir: Path, docs: Path, command: str) -> Path:
+def write_page(
+    study: Study, out_dir: Path, docs: Path, command: str, records: Path | None = None
+) -> Path:
     """``docs/<name>.md`` from the study file and the comparison in ``out_dir`` (its
-    table ``compare.md``, its seeds in ``compare.json`` and its plot ``compare.png``)."""
+    table ``compare.md``, its seeds in ``compare.json`` and its plot ``compare.png``);
+    with ``records``, a line naming the folder of the study's run records and the credo
+    commits they were trained at."""
     data = json.loads((out_dir / "compare.json").read_text())
     img = docs / "img" / f"{study.name}.png"
     img.parent.mkdir(parents=True, exist_ok=True)
@@ -401,6 +420,18 @@ def write_page(study: Study, out_dir: Path, docs: Path, command: str) -> Path:
             else []
         ),
     ]
+    held = None if records is None else Path(records) / study.name
+    if held is not None and held.is_dir() and (commits := record_commits(held)):
+        try:  # linked as the study file is, when beside it
+            rel = held.resolve().relative_to(study.path.parent.resolve()).as_posix()
+            where = f"[`studies/{rel}/`](../../studies/{rel}/)"
+        except ValueError:
+            where = f"`{held}/`"
+        lines += [
+            f"Run records (each run's config, evaluations and metrics): {where}, "
+            f"trained at credo {', '.join(f'`{c[:12]}`' for c in commits)}.",
+            "",
+        ]
     if study.notes.strip():
         lines += [study.notes.strip(), ""]
     page = docs / f"{study.name}.md"

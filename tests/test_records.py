@@ -1,0 +1,113 @@
+"""Run records (:mod:`credo.commands.records`): a study continues in another session, on
+another machine, from the records of the runs it finished, and retrains a run whose
+recorded config is not the config it would run with now."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import credo.commands.compare as compare_mod
+from credo.commands.compare import Arm, compare
+from credo.commands.records import RECORD_FILES, record_commits, record_problem
+from credo.commands.study import load_study, run_study
+from credo.train.config import load_config
+from small_run import SMALL
+
+COMMON = [*SMALL, "eval.episodes=8", "train.iterations=1"]
+ARMS = [Arm("one", "grpo", ("optim.minibatches=1",)), Arm("two", "grpo", ("optim.minibatches=2",))]
+
+
+def test_a_comparison_reads_recorded_runs_instead_of_training_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = tmp_path / "records"
+    first = compare(ARMS, [0], overrides=COMMON, out_dir=tmp_path / "a", records=records)
+    for name in ("one-seed0", "two-seed0"):
+        for f in (*RECORD_FILES, "record.json"):
+            assert (records / name / f).is_file()
+        run = tmp_path / "a" / name
+        for f in RECORD_FILES:  # the record is the run's own files
+            assert (records / name / f).read_bytes() == (run / f).read_bytes()
+        info = json.loads((records / name / "record.json").read_text())
+        assert info["commit"] and info["recorded"].endswith("UTC")
+    # another session: no run folders, only the records; nothing may train
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("trained again"))
+    again = compare(ARMS, [0], overrides=COMMON, out_dir=tmp_path / "b", records=records)
+    assert [s.final for s in again] == [s.final for s in first]
+    assert [s.warm for s in again] == [s.warm for s in first]
+    assert [s.curves for s in again] == [s.curves for s in first]
+    assert not (tmp_path / "b" / "one-seed0").exists()
+    assert (tmp_path / "b" / "compare.md").read_text() == (
+        tmp_path / "a" / "compare.md"
+    ).read_text()
+
+
+def test_a_record_of_another_config_is_not_used(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    arm = [Arm("one", "grpo", ("optim.minibatches=1",))]
+    compare(arm, [0], overrides=COMMON, out_dir=tmp_path / "a", records=records)
+    changed = load_config("grpo", [*COMMON, "optim.minibatches=1", "optim.lr=1e-4"])
+    assert record_problem(records / "one-seed0", changed) == (
+        f"optim.lr is 0.0001 now, 0.0005 in {records / 'one-seed0'}"
+    )
+    # where the run folder is does not matter
+    moved = load_config(
+        "grpo", [*COMMON, "optim.minibatches=1", "train.runs_dir=/elsewhere", "train.name=x"]
+    )
+    assert record_problem(records / "one-seed0", moved) is None
+    # retrained with the new config, and re-recorded
+    stamp = (records / "one-seed0" / "record.json").stat().st_mtime_ns
+    compare(arm, [0], overrides=[*COMMON, "optim.lr=1e-4"], out_dir=tmp_path / "b", records=records)
+    assert (tmp_path / "b" / "one-seed0" / "final_eval.json").exists()
+    assert record_problem(records / "one-seed0", changed) is None
+    assert (records / "one-seed0" / "record.json").stat().st_mtime_ns != stamp
+
+
+def test_an_incomplete_record_is_named(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.yaml").write_text("{}")
+    cfg = load_config("grpo", COMMON)
+    assert record_problem(tmp_path / "r", cfg) == (
+        f"{tmp_path / 'r'} lacks warmstart.json, final_eval.json, metrics.jsonl, record.json"
+    )
+
+
+def test_record_commits_oldest_first(tmp_path: Path) -> None:
+    for name, commit, when in (("b", "222", "2026-12-05 10:00 UTC"), ("a", "111", "2026-12-04 09:00 UTC"), ("c", "222", "2026-12-06 10:00 UTC")):  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text(
+            json.dumps({"commit": commit, "recorded": when})
+        )
+    assert record_commits(tmp_path) == ["111", "222"]
+
+
+def test_a_study_page_names_its_records(tmp_path: Path) -> None:
+    path = tmp_path / "studies" / "tiny.yaml"
+    path.parent.mkdir()
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "title": "two schedules",
+                "claim": "more steps per batch learn more",
+                "overrides": COMMON,
+                "seeds": [0],
+                "reference": "one",
+                "arms": [{"name": a.name, "recipe": a.recipe, "overrides": list(a.overrides)} for a in ARMS],
+            }
+        )
+    )  # fmt: skip
+    study = load_study(path)
+    records = path.parent / "records"
+    run_study(study, out_root=tmp_path / "runs", docs=tmp_path / "docs", records=records)
+    assert sorted(p.name for p in (records / "tiny").iterdir()) == ["one-seed0", "two-seed0"]
+    page = (tmp_path / "docs" / "tiny.md").read_text()
+    (commit,) = record_commits(records / "tiny")
+    assert (
+        "Run records (each run's config, evaluations and metrics): "
+        "[`studies/records/tiny/`](../../studies/records/tiny/), "
+        f"trained at credo `{commit[:12]}`." in page
+    )
