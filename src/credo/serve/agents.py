@@ -11,7 +11,8 @@ The user's agent is an ordinary function, ``async def`` or plain ``def``::
 agent) pointed at the policy server; it already sends the episode's session id in the
 ``X-Credo-Session`` header, so the agent needs no credo code (``session_id`` is passed
 for agents that make their own clients: send it as that header or as ``user``). Each task
-is run ``group_size`` times concurrently (at most ``max_concurrency`` agents at once),
+is run ``group_size`` times concurrently (at most ``max_concurrency`` agents at once, by
+default as many as the engine batches),
 each run bounded by ``timeout_s``; every session becomes an :class:`~credo.data.Episode`
 (:func:`~credo.serve.recorder.session_to_episode`) in group ``i`` for task ``i``, and the
 result is the :class:`~credo.rollout.RolloutResult` the built-in samplers return.
@@ -298,7 +299,9 @@ def run_agent_episodes(
             becomes group ``i``.
         group_size: G, runs per task.
         timeout_s: the longest one agent run may take (default 300 s).
-        max_concurrency: most agents running at once (default: all).
+        max_concurrency: most agents running at once (default: as many as the server's
+            engine batches, ``EngineConfig.max_batch``; all of them with a
+            ``(base_url, recorder)`` server).
         server: a running :class:`~credo.serve.server.PolicyServer` to reuse (then the
             call returns only once its engine is idle: requests of timed-out agents may
             still be generating, and the trainer is about to change the weights), or the
@@ -348,7 +351,11 @@ def run_agent_episodes(
     run = uuid.uuid4().hex[:12]
     sessions = [[session_id(run, i, g) for g in range(group_size)] for i in range(len(tasks))]
     total = len(tasks) * group_size
-    limit = max_concurrency or max(1, total)
+    # by default as many agents as the engine batches at once: an episode's request then
+    # waits for at most one batch before its own, and the timeout measures the agent, not
+    # a queue of every episode's requests (500 at once on a CPU timed out 428 of 500)
+    batch = engine.config.max_batch if engine is not None else total
+    limit = max_concurrency or max(1, min(total, batch))
     waves = math.ceil(total / limit) if total else 0
     outcomes = _run_coroutine(
         _run_all(

@@ -169,8 +169,9 @@ class RolloutConfig:
         agent_timeout_s: the longest one agent episode may take, in seconds; a slower
             episode fails (reward 0, counted in ``rollout/agent_timeouts``), not the run
             (default 300).
-        agent_concurrency: most agent episodes at once (default ``None``: all of an
-            iteration's, batched by the server). 1 makes agent runs bit-for-bit
+        agent_concurrency: most agent episodes at once (default ``None``: as many as the
+            server batches at once, 64, so that the timeout measures an agent, not the
+            queue of all of an iteration's requests). 1 makes agent runs bit-for-bit
             reproducible, ``--resume`` included; with more, which requests share a batch
             depends on timing.
         kv_reuse: keep each episode's KV cache between its turns and feed only the new
