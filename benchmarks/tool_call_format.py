@@ -143,7 +143,11 @@ def _phase(name: str, cfg: Any, episodes: int, seed: int) -> tuple[list[Any], di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="model.name (smollm2-135m; null: the built-in model)")
+    ap.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="model.name (smollm2-135m; null: the built-in model)",
+    )
     ap.add_argument("--difficulty", default="easy", help="tools difficulty (easy)")
     ap.add_argument("--sft-episodes", type=int, default=200, help="agent episodes (200)")
     ap.add_argument("--sft-steps", type=int, default=80, help="SFT steps (80)")

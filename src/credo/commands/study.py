@@ -476,7 +476,9 @@ def write_index(studies: Path, docs: Path) -> Path:
             "",
             "Each row is a study file in `studies/`, re-run with `credo study studies/NAME.yaml"
             " --jobs 2` (resumable; about an hour on 2 cores unless its page says otherwise). "
-            "Its page holds the command, the table with every seed and the plot.",
+            "Its page holds the command, the table with every seed and the plot; each "
+            "finished run is recorded in `studies/records/NAME/` (its config, evaluations "
+            "and metrics), and a run recorded with the same config is read, not trained.",
             "",
             markdown_table(["study", "paper", "claim", "credo's result", "verdict", "why"], rows),
             "",
