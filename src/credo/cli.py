@@ -545,9 +545,16 @@ def cmd_study(args: argparse.Namespace) -> int:
     console = _console()
     arms = len(study.arms or study.pipelines)
     what = "pipelines" if study.pipelines else "runs"
+    records = None if args.no_records else Path(args.records or study.path.parent / "records")
+    held = [] if records is None else list((records / study.name).glob("*/record.json"))
     console.print(
         f"study {study.name}: {arms} arms × {len(study.seeds)} seeds = "
         f"{arms * len(study.seeds)} {what}"
+        + (
+            f" ({len(held)} recorded in {held[0].parent.parent}: read if configs match)"
+            if held
+            else ""
+        )
     )
 
     def on_run(arm: str, seed: int, k: int, total: int) -> None:
@@ -557,7 +564,6 @@ def cmd_study(args: argparse.Namespace) -> int:
     docs = None if args.no_docs else Path(args.docs)
     command = f"credo study {args.file}" + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
     kwargs = {"out_root": out_root, "docs": docs, "jobs": args.jobs, "on_run": on_run}
-    records = None if args.no_records else Path(args.records or study.path.parent / "records")
     try:
         if study.pipelines:  # arms that are pipeline files (checked before they run)
             from credo.pipeline.study import run_pipeline_study

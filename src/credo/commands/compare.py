@@ -312,7 +312,8 @@ def compare(
         reference: the arm whose final success defines "env steps to reach" (default:
             ``grpo`` if compared, else the first arm).
         smooth: moving-average window (iterations) of the success curves.
-        on_run: called with ``(arm, seed, index, total)`` before each run.
+        on_run: called with ``(arm, seed, index, total)`` before each run trained (index
+            and total count the runs to train: recorded runs are not).
         trials, ks: with ``ks``, also pass^k of every trained policy over ``trials``
             episodes per held-out task (each k ≤ ``trials``).
         jobs: runs trained side by side, each in its own process (default 1: one after
@@ -376,10 +377,10 @@ def compare(
         )
     else:
         trained = []
-        for i in to_train:
+        for k, i in enumerate(to_train):  # numbered among the runs to train, as with jobs
             seed, arm, name = runs[i]
             if on_run is not None:
-                on_run(arm.name, seed, i, len(runs))
+                on_run(arm.name, seed, k, len(to_train))
             trained.append(_run_one(configs[i], out_dir / name, records))
     by_run = dict(zip(to_train, trained))
     results = [
