@@ -152,7 +152,10 @@ def test_the_bound_is_read_from_the_tokenizer(policy) -> None:  # type: ignore[n
 # ------------------------------------------------------- the context, unread
 def test_a_30_mb_prompt_is_refused_before_it_is_tokenised(server, policy) -> None:  # type: ignore[no-untyped-def]
     """The issue's probe, bounded by CPU time: the whole process (client, server, engine)
-    spends well under a second on it, where tokenising it took 53 s."""
+    spends about a second on it (encoding, sending and parsing 60 MB of JSON), where
+    tokenising it took 53 s. The bound, 10 s, sits between the two with room for a busy
+    machine and for other threads of the test process (2.6 s in a full run beside a
+    training job; the earlier bound of 2 s failed there)."""
     batches = server.engine.batches
     cpu = time.process_time()
     status, body = _post(server.base_url, _chat("hello world " * 2_500_000))
@@ -169,7 +172,7 @@ def test_a_30_mb_prompt_is_refused_before_it_is_tokenised(server, policy) -> Non
         f"the prompt is 30,000,025 bytes: more than this server tokenises "
         f"({FALLBACK_BYTES_PER_TOKEN * CONTEXT:,} bytes)"
     )
-    assert time.process_time() - cpu < 2.0
+    assert time.process_time() - cpu < 10.0
     assert server.engine.batches == batches  # nothing was generated
     assert _post(server.base_url, OK)[0] == 200
 
