@@ -76,28 +76,29 @@ def record_problem(record: Path, cfg: Config) -> str | None:
     return None
 
 
-def _commit() -> str:
-    """The git commit of the credo source tree that is running (``unknown`` outside one)."""
+def _git(*args: str) -> str | None:
+    """``git -C <credo's source folder> ARGS``'s output, ``None`` if it fails."""
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
+            ["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _commit() -> str:
+    """The git commit of the credo source tree that is running, with ``+changes`` when
+    its tracked files differ from it (``unknown`` when credo is not a checkout: an
+    installed copy inside some other repository is not tracked there)."""
+    if _git("ls-files", "--error-unmatch", Path(__file__).name) is None:
         return "unknown"
-    dirty = subprocess.run(
-        ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--", "."],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=False,
-    )
-    sha = out.stdout.strip() if out.returncode == 0 else "unknown"
-    return f"{sha}+changes" if sha != "unknown" and dirty.stdout.strip() else sha
+    sha = (_git("rev-parse", "HEAD") or "").strip()
+    if not sha:
+        return "unknown"
+    dirty = _git("status", "--porcelain", "--untracked-files=no", ":/")
+    return f"{sha}+changes" if dirty is None or dirty.strip() else sha
 
 
 def write_record(run_dir: Path, record: Path) -> Path:
