@@ -27,6 +27,7 @@ Extra ``key=value`` arguments are credo overrides for both phases.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -72,12 +73,19 @@ class _Recording:
         return reply
 
 
+@functools.cache
+def _agent() -> Any:
+    """The tool-calling agent's function (read once per load of this module)."""
+    from credo.serve.agents import load_agent
+
+    return load_agent(str(ROOT / AGENT))
+
+
 async def recording_agent(task: Any, client: Any, session_id: str) -> dict[str, Any]:
     """The tool-calling agent, unchanged, with its replies recorded (:class:`_Recording`)."""
     from credo.envs import make_env
-    from credo.serve.agents import load_agent
 
-    agent = load_agent(str(ROOT / AGENT))
+    agent = _agent()
     mirror = make_env(task.data.get("env", "tools"), **task.data.get("env_kwargs", {}))
     mirror.reset(task)
     return await agent(task, _Recording(client, mirror, Path(os.environ[LOG_VAR])), session_id)

@@ -441,6 +441,7 @@ def _run_parallel(
     first = {keys[i]: i for i in reversed(pending)}  # the run that trains each warm start
     running: dict[int, tuple[subprocess.Popen[bytes], Any]] = {}
     done: set[int] = set(range(len(runs))) - set(pending)
+    finished_before = sorted(done)  # recorded below; the others as each one finishes
     failed: list[str] = []
     stopped: list[str] = []  # exited cleanly before their end (a signal): resumable
 
@@ -490,8 +491,8 @@ def _run_parallel(
         raise RunFailed(f"{len(failed)} run(s) failed: {'; '.join(failed)}")
     if stopped:
         raise _stopped(stopped)
-    for _, _, name in runs:  # finished before this call (recorded now if not yet)
-        _record(out_dir / name, records)
+    for i in finished_before:  # recorded now if not yet
+        _record(out_dir / runs[i][2], records)
     return [_result(out_dir / name) for _, _, name in runs]
 
 
