@@ -11,8 +11,16 @@ import pytest
 import yaml
 
 import credo.commands.compare as compare_mod
+import credo.commands.records as records_mod
 from credo.commands.compare import Arm, compare
-from credo.commands.records import RECORD_FILES, record_commits, record_problem
+from credo.commands.records import (
+    RECORD_FILES,
+    cpu_name,
+    record_commits,
+    record_cpus,
+    record_problem,
+    record_warm_start,
+)
 from credo.commands.study import load_study, run_study
 from credo.train.config import load_config
 from small_run import SMALL
@@ -34,6 +42,7 @@ def test_a_comparison_reads_recorded_runs_instead_of_training_them(
             assert (records / name / f).read_bytes() == (run / f).read_bytes()
         info = json.loads((records / name / "record.json").read_text())
         assert info["commit"] and info["recorded"].endswith("UTC")
+        assert info["cpu"] == cpu_name()
     # another session: no run folders, only the records; nothing may train
     monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("trained again"))
     again = compare(ARMS, [0], overrides=COMMON, out_dir=tmp_path / "b", records=records)
@@ -103,11 +112,64 @@ def test_a_study_page_names_its_records(tmp_path: Path) -> None:
     study = load_study(path)
     records = path.parent / "records"
     run_study(study, out_root=tmp_path / "runs", docs=tmp_path / "docs", records=records)
-    assert sorted(p.name for p in (records / "tiny").iterdir()) == ["one-seed0", "two-seed0"]
+    assert sorted(p.name for p in (records / "tiny").iterdir()) == [
+        "one-seed0",
+        "two-seed0",
+        "warmstarts",
+    ]
     page = (tmp_path / "docs" / "tiny.md").read_text()
     (commit,) = record_commits(records / "tiny")
     assert (
         "Run records (each run's config, evaluations and metrics): "
         "[`studies/records/tiny/`](../../studies/records/tiny/), "
-        f"trained at credo `{commit[:12]}`." in page
+        f"trained at credo `{commit[:12]}` on {cpu_name()}." in page
     )
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def test_a_seeds_warm_start_is_kept_and_trains_the_next_session_s_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run trained in a later session (here: another cache, on this CPU) starts from the
+    warm start its seed's recorded runs started from, loaded from the records, not
+    retrained (which on another CPU gives other weights)."""
+    from credo.train.warmstart import warm_start_folder
+
+    records = tmp_path / "records"
+    compare(ARMS[:1], [0], overrides=COMMON, out_dir=tmp_path / "a", records=records)
+    key = json.loads((tmp_path / "a" / "one-seed0" / "warmstart.json").read_text())["key"]
+    kept = records / "warmstarts" / key
+    assert _files(kept) == _files(warm_start_folder(key))  # weights and held-out evaluation
+    assert "policy/model.safetensors" in _files(kept)
+    # the next session: an empty cache; run "one" is recorded, run "two" trains from the kept
+    # warm start (SFT would fail)
+    monkeypatch.setenv("CREDO_CACHE", str(tmp_path / "fresh-cache"))
+    monkeypatch.setattr(
+        "credo.train.warmstart.sft_train", lambda *a, **k: pytest.fail("warm start retrained")
+    )
+    compare(ARMS, [0], overrides=COMMON, out_dir=tmp_path / "b", records=records)
+    two = json.loads((tmp_path / "b" / "two-seed0" / "warmstart.json").read_text())
+    one = json.loads((records / "one-seed0" / "warmstart.json").read_text())
+    assert two["key"] == key and two["cached"] is True
+    assert two["eval"]["success_rate"] == one["eval"]["success_rate"]
+    assert _files(warm_start_folder(key)) == _files(kept)
+    assert record_cpus(records) == [cpu_name()]
+
+
+def test_a_large_warm_start_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from credo.train.warmstart import warm_start_folder
+
+    compare(ARMS[:1], [0], overrides=COMMON, out_dir=tmp_path / "a")
+    key = json.loads((tmp_path / "a" / "one-seed0" / "warmstart.json").read_text())["key"]
+    assert (warm_start_folder(key) / "warmstart.json").is_file()
+    monkeypatch.setattr(records_mod, "MAX_WARM_START_MB", 0.001)  # an LLM's, say
+    assert record_warm_start(key, tmp_path / "records") is False
+    assert not (tmp_path / "records" / "warmstarts").exists()
+    assert record_warm_start("no-such-key", tmp_path / "records") is False
+    monkeypatch.setattr(records_mod, "MAX_WARM_START_MB", 32)
+    assert record_warm_start(key, tmp_path / "records") is True

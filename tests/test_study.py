@@ -197,8 +197,9 @@ def test_jobs_train_side_by_side_with_the_same_results(tmp_path: Path) -> None:
     assert [s.final for s in par] == [s.final for s in seq]
     # each run recorded as it finished; read back without training (run_study's records)
     assert sorted(p.name for p in records.iterdir()) == sorted(
-        f"{a}-seed{s}" for a in ("one", "two") for s in (0, 1)
+        [*(f"{a}-seed{s}" for a in ("one", "two") for s in (0, 1)), "warmstarts"]
     )
+    assert len(list((records / "warmstarts").iterdir())) == 2  # one per seed
     read = compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "read", records=records)
     assert [s.final for s in read] == [s.final for s in seq]
     assert not (tmp_path / "read" / "one-seed0").exists()

@@ -8,25 +8,26 @@ refactors. Metrics added later are allowed; every stored one must keep its value
 run has signal: the warm start solves some tasks and not others, so
 advantages, gradients and weights move (asserted below).
 
-Each case keeps one reference per CPU it was written on (:func:`_cpu`): CPUs whose
-kernels (AVX2 or AVX-512, MKL's code paths) round differently do not compute the same
-floats. On a CPU with its own reference the values must agree to float32 rounding
-(relative 1e-4). On another CPU they are compared to 5 % (absolute 1e-3 for near-zero
-noise metrics such as ``policy/ratio_std``) with a stored reference, if the stored CPUs
-agree with each other to that tolerance on every metric they share. A case whose stored
-CPUs part somewhere is chaotic in rounding (:func:`_chaotic`): there only the episodes
-of the first iteration, sampled before any update (its ``rollout/`` metrics), and the warm
-start are compared; what follows an update that rounds apart says nothing about a third
-CPU, even where two stored CPUs happen to agree. Measured on an Intel Xeon and an AMD
-EPYC (both AVX-512) and an AMD EPYC with AVX2 only: 25 of 28 cases agree to 2.3 %
-(``policy/approx_kl`` of ``renyi_opsd``); ``klpo``, ``klpo-topk`` and
-``renyi_opsd-reading-first`` sample the same first episodes but their first update's
-mini-batch steps part (``policy/ratio_min`` 0.57 against 0.31 for ``klpo``,
-``policy/approx_kl`` 7.5 against 1.2 for the reading-first warm start on AVX2), and from
-the next iteration they sample different episodes. The per-metric rule used before
-(compare each metric the stored CPUs agree on) failed the AVX2 CPU on ``loss/policy`` of
-``klpo``'s second iteration, on which the two AVX-512 CPUs agreed by chance (1.09 and
-1.14; AVX2 0.76). Every stored CPU passes this comparison against the others
+Each case keeps one reference per CPU it was written on
+(:func:`credo.commands.records.cpu_name`): CPUs whose kernels (AVX2 or AVX-512, MKL's
+code paths) round differently do not compute the same floats. On a CPU with its own
+reference the values must agree to float32 rounding (relative 1e-4). On another CPU they
+are compared to 5 % (absolute 1e-3 for near-zero noise metrics such as
+``policy/ratio_std``) with a stored reference, if the stored CPUs agree with each other
+to that tolerance on every metric they share. A case whose stored CPUs part somewhere is
+chaotic in rounding (:func:`_chaotic`): there only the episodes of the first iteration,
+sampled before any update (its ``rollout/`` metrics), and the warm start are compared;
+what follows an update that rounds apart says nothing about a third CPU, even where two
+stored CPUs happen to agree. Measured on an Intel Xeon and an AMD EPYC (both AVX-512) and
+an AMD EPYC with AVX2 only: 25 of 28 cases agree to 2.3 % (``policy/approx_kl`` of
+``renyi_opsd``); ``klpo``, ``klpo-topk`` and ``renyi_opsd-reading-first`` sample the same
+first episodes but their first update's mini-batch steps part (``policy/ratio_min`` 0.57
+against 0.31 for ``klpo``, ``policy/approx_kl`` 7.5 against 1.2 for the reading-first
+warm start on AVX2), and from the next iteration they sample different episodes. The
+per-metric rule used before (compare each metric the stored CPUs agree on) failed the
+AVX2 CPU on ``loss/policy`` of ``klpo``'s second iteration, on which the two AVX-512 CPUs
+agreed by chance (1.09 and 1.14; AVX2 0.76). Every stored CPU passes this comparison
+against the others
 (:func:`test_every_stored_cpu_passes_the_comparison_against_the_others`). The warm
 start's success (16 episodes) is compared to one episode's difference, the final success
 where the stored CPUs agree on it.
@@ -46,13 +47,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
+from credo.commands.records import cpu_name
 from credo.train.config import load_config, recipe_names
 from credo.train.loop import train
 from small_run import SMALL as SMALL_RUN
@@ -137,7 +137,7 @@ def _run(case: str, recipe: str, extra: list[str], tmp: Path) -> dict:
         "metrics": _stable(res.metrics),
         "warm": res.warm.success_rate if res.warm else None,
         "final": res.final.success_rate if res.final else None,
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
     }
 
 
@@ -153,18 +153,6 @@ def _close(a: object, b: object, rel: float, abs_: float) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_close(x, y, rel, abs_) for x, y in zip(a, b))
     return a == b
-
-
-def _cpu() -> str:
-    """The CPU model and the kernels torch uses on it (``AVX2``, ``AVX512``, ...)."""
-    name = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    return f"{platform.machine()} {name} {torch.backends.cpu.get_cpu_capability()}"
 
 
 @pytest.mark.slow

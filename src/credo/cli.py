@@ -946,7 +946,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--records",
         help="the folder of run records (a finished run's config, evaluations and metrics, "
         "small enough to commit): this study's in RECORDS/NAME; a run recorded with the "
-        "same config is read, not trained (default: records/ beside the study file)",
+        "same config is read, not trained, and a run to train starts from its seed's "
+        "recorded warm start (default: records/ beside the study file)",
     )
     st.add_argument("--no-records", action="store_true", help="neither read nor write run records")
     st.set_defaults(func=cmd_study)

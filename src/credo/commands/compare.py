@@ -41,7 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from credo.commands.records import record_problem, write_record
+from credo.commands.records import (
+    record_problem,
+    record_warm_start,
+    restore_warm_start,
+    write_record,
+)
 from credo.eval.passk import check_ks
 from credo.train.checkpoint import checkpoint_iteration, latest_checkpoint
 from credo.train.config import Config, ConfigError, load_config
@@ -223,13 +228,17 @@ def _run_one(cfg: Config, run_dir: Path, records: Path | None = None) -> dict[st
 
 
 def _record(run_dir: Path, records: Path | None) -> None:
-    """Record the finished run ``run_dir`` in ``records`` (unless its record is current)."""
+    """Record the finished run ``run_dir`` in ``records`` (unless its record is current),
+    and keep its warm start there if it is small."""
     if records is None:
         return
     record = Path(records) / run_dir.name
     cfg = Config.from_dict(read_yaml_file(run_dir / "config.yaml"))
     if record_problem(record, cfg) is not None or _differs(run_dir, record):
         write_record(run_dir, record)
+    key = json.loads((run_dir / "warmstart.json").read_text()).get("key")
+    if key:
+        record_warm_start(key, Path(records))
 
 
 def _differs(run_dir: Path, record: Path) -> bool:
@@ -365,6 +374,15 @@ def compare(
         and record_problem(Path(records) / name, cfg) is None
     }  # fmt: skip
     to_train = [i for i in range(len(runs)) if i not in recorded]
+    if records is not None:  # a seed's recorded warm start, not one retrained here
+        from credo.train.warmstart import warm_start_key
+
+        for key in {
+            warm_start_key(configs[i])
+            for i in to_train
+            if configs[i].sft.enabled and configs[i].sft.cache
+        }:
+            restore_warm_start(key, Path(records))
     if jobs > 1:
         trained = _run_parallel(
             [runs[i] for i in to_train],

@@ -52,7 +52,7 @@ from typing import Any
 import yaml
 
 from credo.commands.compare import Arm, RecipeSummary, _run_one, compare
-from credo.commands.records import record_commits
+from credo.commands.records import record_commits, record_cpus
 from credo.train.config import ConfigError
 from credo.utils.atomic import write_text_atomic
 from credo.utils.markdown import markdown_table
@@ -379,8 +379,8 @@ def write_page(
 ) -> Path:
     """``docs/<name>.md`` from the study file and the comparison in ``out_dir`` (its
     table ``compare.md``, its seeds in ``compare.json`` and its plot ``compare.png``);
-    with ``records``, a line naming the folder of the study's run records and the credo
-    commits they were trained at."""
+    with ``records``, a line naming the folder of the study's run records, the credo
+    commits they were trained at and the CPUs they were trained on."""
     data = json.loads((out_dir / "compare.json").read_text())
     img = docs / "img" / f"{study.name}.png"
     img.parent.mkdir(parents=True, exist_ok=True)
@@ -429,7 +429,8 @@ def write_page(
             where = f"`{held}/`"
         lines += [
             f"Run records (each run's config, evaluations and metrics): {where}, "
-            f"trained at credo {', '.join(f'`{c[:12]}`' for c in commits)}.",
+            f"trained at credo {', '.join(f'`{c[:12]}`' for c in commits)} "
+            f"on {'; '.join(record_cpus(held))}.",
             "",
         ]
     if study.notes.strip():
@@ -478,7 +479,8 @@ def write_index(studies: Path, docs: Path) -> Path:
             " --jobs 2` (resumable; about an hour on 2 cores unless its page says otherwise). "
             "Its page holds the command, the table with every seed and the plot; each "
             "finished run is recorded in `studies/records/NAME/` (its config, evaluations "
-            "and metrics), and a run recorded with the same config is read, not trained.",
+            "and metrics, and its seed's warm start when small), and a run recorded with "
+            "the same config is read, not trained.",
             "",
             markdown_table(["study", "paper", "claim", "credo's result", "verdict", "why"], rows),
             "",
