@@ -12,7 +12,7 @@ import yaml
 from credo.cli import main
 from credo.commands.compare import Arm, compare
 from credo.commands.study import load_study, run_study, write_index
-from credo.train.config import ConfigError
+from credo.train.config import ConfigError, load_config
 from small_run import SMALL
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
@@ -396,3 +396,43 @@ def test_a_run_stopped_before_its_end_is_reported_as_stopped(
     with pytest.raises(cmp.RunStopped, match=r"run the same command again to continue"):
         compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2)
     assert len(started) == 2  # the two first runs; the other two never started
+
+
+def test_runs_stopped_before_their_end_continue_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run a signal stopped (its checkpoints kept) resumes before runs that have not
+    started, with ``--jobs`` as in process: an interrupted session's partial run is
+    finished first (was: in study order, after every earlier arm)."""
+    import subprocess
+    import sys
+
+    import credo.commands.compare as cmp
+
+    common = [*SMALL, "eval.episodes=8", "train.iterations=1"]
+    arms = [Arm("a", "grpo"), Arm("b", "grpo", ("optim.minibatches=2",))]
+    (tmp_path / "par" / "b-seed1" / "checkpoints").mkdir(parents=True)  # stopped at once
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        started.append(cmd)
+        return real_popen([sys.executable, "-c", "pass"], **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(cmp.subprocess, "Popen", popen)
+    with pytest.raises(cmp.RunStopped):
+        compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2)
+    assert started[0][-2:] == ["--resume", str(tmp_path / "par" / "b-seed1")]
+    assert "train.name=a-seed0" in started[1]
+    # in process: the same order
+    order: list[str] = []
+    monkeypatch.setattr(cmp, "train", lambda cfg, **k: order.append(cfg.train.name))
+    stopped = tmp_path / "one" / "b-seed1"
+    (stopped / "checkpoints").mkdir(parents=True)
+    cfg = load_config(
+        "grpo", [*common, "optim.minibatches=2", "train.seed=1", "train.name=b-seed1"]
+    )
+    (stopped / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))  # a resume reads it
+    with pytest.raises(cmp.RunStopped):
+        compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "one")
+    assert order == ["b-seed1"]

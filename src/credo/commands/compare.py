@@ -326,10 +326,13 @@ def compare(
         trials, ks: with ``ks``, also pass^k of every trained policy over ``trials``
             episodes per held-out task (each k ≤ ``trials``).
         jobs: runs trained side by side, each in its own process (default 1: one after
-            the other, in this process).
+            the other, in this process). Either way runs stopped before their end
+            (checkpoints kept) resume first, then the others in seed, arm order.
         records: a folder of run records (:mod:`credo.commands.records`): a run whose
             record there matches its config is read from it, not trained; every run
-            trained here is recorded there when it finishes (default: none).
+            trained here is recorded there when it finishes, with its seed's warm start
+            when small, and a run to train starts from that recorded warm start (default:
+            none).
     """
     common = list(overrides or [])
     if arms and isinstance(arms[0], str):
@@ -374,6 +377,9 @@ def compare(
         and record_problem(Path(records) / name, cfg) is None
     }  # fmt: skip
     to_train = [i for i in range(len(runs)) if i not in recorded]
+    # runs stopped before their end (checkpoints kept) go first: a session's partial work
+    # is finished before new runs start, not left to a session that may lack the folder
+    to_train.sort(key=lambda i: _resumable(out_dir / runs[i][2]) is None)
     if records is not None:  # a seed's recorded warm start, not one retrained here
         from credo.train.warmstart import warm_start_key
 
