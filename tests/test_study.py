@@ -436,3 +436,75 @@ def test_runs_stopped_before_their_end_continue_first(
     with pytest.raises(cmp.RunStopped):
         compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "one")
     assert order == ["b-seed1"]
+
+
+def test_an_interrupted_comparison_stops_its_runs_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--jobs``: each run is a session of its own (a terminal's Ctrl-C does not reach it
+    twice), and an interrupted comparison (Ctrl-C, or SIGTERM from a scheduler) sends
+    each running run one SIGINT, so it checkpoints and stops, and waits for it (was: a
+    SIGTERM killed the comparison and left its runs training, unrecorded)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import credo.commands.compare as cmp
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # a run: says it is ready, then counts the SIGINTs it gets for a second and exits
+    child = (
+        "import os, signal, sys, time\n"
+        "got = []\n"
+        "signal.signal(signal.SIGINT, lambda *a: got.append(1))\n"
+        f"open(os.path.join({str(marks)!r}, 'ready-%d' % os.getpid()), 'w').close()\n"
+        "end = time.monotonic() + 20\n"
+        "while not got and time.monotonic() < end:\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(1.0)\n"
+        f"open(os.path.join({str(marks)!r}, 'sigint-%d' % os.getpid()), 'w').write("
+        "'%d %d' % (len(got), os.getsid(0)))\n"
+    )
+    real_popen = subprocess.Popen
+    children: list[subprocess.Popen[bytes]] = []
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        children.append(real_popen([sys.executable, "-c", child], **kw))  # type: ignore[call-overload]
+        return children[-1]
+
+    def stop_when_both_run() -> None:  # as a scheduler stops a job
+        end = time.monotonic() + 30
+        while len(list(marks.glob("ready-*"))) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(cmp.subprocess, "Popen", popen)
+    common = [*SMALL, "eval.episodes=8", "train.iterations=1", "sft.enabled=false"]
+    arms = [Arm("a", "grpo"), Arm("b", "grpo", ("optim.minibatches=2",))]
+    try:
+
+        def unhandled(signum: int, frame: object) -> None:
+            raise RuntimeError("the comparison left SIGTERM to its default: it dies")
+
+        previous = signal.signal(signal.SIGTERM, unhandled)
+        threading.Thread(target=stop_when_both_run, daemon=True).start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        assert len(children) == 2
+        for proc in children:
+            assert proc.poll() is not None  # waited for
+            count, sid = (marks / f"sigint-{proc.pid}").read_text().split()
+            assert count == "1"  # one SIGINT each
+            assert int(sid) == proc.pid != os.getsid(0)  # a session of its own
+    finally:
+        for proc in children:  # only if the test failed before they ended
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

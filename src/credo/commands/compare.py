@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,7 @@ from credo.train.config import Config, ConfigError, load_config
 from credo.train.finish import unfinished_reason
 from credo.train.logging import read_metrics
 from credo.train.loop import train
+from credo.train.progress import interrupt_on_term
 from credo.utils.atomic import write_file_atomic, write_text_atomic
 from credo.utils.markdown import markdown_table
 from credo.utils.safe_yaml import read_yaml_file
@@ -452,6 +454,9 @@ def _run_parallel(
     """Train ``runs`` with up to ``jobs`` ``credo train`` processes at a time (each run's
     output in ``<out_dir>/<name>.log``). Runs that share a warm start wait until the
     first of them (the one that trains it) has finished; finished runs are only read.
+    Each run is a session of its own, so Ctrl-C or SIGTERM reaches it once, through this
+    process: interrupted, it sends each running run one SIGINT (finish the iteration,
+    checkpoint, stop) and waits for them.
 
     Raises:
         RunFailed: a run failed (after the others have finished); names its log.
@@ -475,40 +480,49 @@ def _run_parallel(
         return cached or first[key] == i or first[key] in done
 
     try:
-        while pending or running:
-            startable = [] if failed or stopped else [i for i in pending if ready(i)]
-            for i in startable[: jobs - len(running)]:
-                pending.remove(i)
-                seed, arm, name = runs[i]
-                if on_run is not None:
-                    on_run(arm.name, seed, i, len(runs))
-                resume = _resumable(out_dir / name)
-                cmd = [sys.executable, "-m", "credo", "train", "--quiet"]
-                if resume is not None:
-                    cmd += ["--resume", str(resume)]
-                else:
-                    cmd += ["--recipe", arm.recipe, *run_overrides[i]]
-                log = (out_dir / f"{name}.log").open("ab")
-                running[i] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
-            time.sleep(1.0)
-            for i, (proc, log) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                log.close()
-                del running[i]
-                done.add(i)
-                if proc.returncode != 0:
-                    failed.append(
-                        f"{runs[i][2]} (exit {proc.returncode}, {out_dir / runs[i][2]}.log)"
+        with interrupt_on_term():  # SIGTERM stops the study as Ctrl-C does
+            while pending or running:
+                startable = [] if failed or stopped else [i for i in pending if ready(i)]
+                for i in startable[: jobs - len(running)]:
+                    pending.remove(i)
+                    seed, arm, name = runs[i]
+                    if on_run is not None:
+                        on_run(arm.name, seed, i, len(runs))
+                    resume = _resumable(out_dir / name)
+                    cmd = [sys.executable, "-m", "credo", "train", "--quiet"]
+                    if resume is not None:
+                        cmd += ["--resume", str(resume)]
+                    else:
+                        cmd += ["--recipe", arm.recipe, *run_overrides[i]]
+                    log = (out_dir / f"{name}.log").open("ab")
+                    running[i] = (
+                        subprocess.Popen(
+                            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                        ),
+                        log,
                     )
-                elif not _finished(out_dir / runs[i][2]):
-                    stopped.append(runs[i][2])
-                else:
-                    _record(out_dir / runs[i][2], records)
-            if (failed or stopped) and not running:
-                break  # no new run starts after a failure or a stop
+                time.sleep(1.0)
+                for i, (proc, log) in list(running.items()):
+                    if proc.poll() is None:
+                        continue
+                    log.close()
+                    del running[i]
+                    done.add(i)
+                    if proc.returncode != 0:
+                        failed.append(
+                            f"{runs[i][2]} (exit {proc.returncode}, {out_dir / runs[i][2]}.log)"
+                        )
+                    elif not _finished(out_dir / runs[i][2]):
+                        stopped.append(runs[i][2])
+                    else:
+                        _record(out_dir / runs[i][2], records)
+                if (failed or stopped) and not running:
+                    break  # no new run starts after a failure or a stop
     finally:
-        for proc, log in running.values():  # interrupted: the runs checkpoint and stop
+        for proc, _ in running.values():  # interrupted: each run checkpoints and stops
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc, log in running.values():
             proc.wait()
             log.close()
     if failed:
