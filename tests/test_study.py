@@ -485,11 +485,11 @@ def test_an_interrupted_comparison_stops_its_runs_once_each(
     monkeypatch.setattr(cmp.subprocess, "Popen", popen)
     common = [*SMALL, "eval.episodes=8", "train.iterations=1", "sft.enabled=false"]
     arms = [Arm("a", "grpo"), Arm("b", "grpo", ("optim.minibatches=2",))]
+
+    def unhandled(signum: int, frame: object) -> None:  # stands for SIGTERM's default
+        raise RuntimeError("the comparison left SIGTERM to its default: it dies")
+
     try:
-
-        def unhandled(signum: int, frame: object) -> None:
-            raise RuntimeError("the comparison left SIGTERM to its default: it dies")
-
         previous = signal.signal(signal.SIGTERM, unhandled)
         threading.Thread(target=stop_when_both_run, daemon=True).start()
         try:
