@@ -55,6 +55,7 @@ from credo.train.finish import unfinished_reason
 from credo.train.logging import read_metrics
 from credo.train.loop import train
 from credo.train.progress import interrupt_on_term
+from credo.train.warmstart import warm_start_folder, warm_start_key
 from credo.utils.atomic import write_file_atomic, write_text_atomic
 from credo.utils.markdown import markdown_table
 from credo.utils.safe_yaml import read_yaml_file
@@ -383,8 +384,6 @@ def compare(
     # is finished before new runs start, not left to a session that may lack the folder
     to_train.sort(key=lambda i: _resumable(out_dir / runs[i][2]) is None)
     if records is not None:  # a seed's recorded warm start, not one retrained here
-        from credo.train.warmstart import warm_start_key
-
         for key in {
             warm_start_key(configs[i])
             for i in to_train
@@ -461,8 +460,6 @@ def _run_parallel(
     Raises:
         RunFailed: a run failed (after the others have finished); names its log.
     """
-    from credo.train.warmstart import warm_start_folder, warm_start_key
-
     keys = [
         warm_start_key(cfg) if cfg.sft.enabled else f"none-{i}" for i, cfg in enumerate(configs)
     ]

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from credo.train.config import Config
+from credo.train.warmstart import warm_start_folder
 from credo.utils.atomic import replace_dir
 from credo.utils.safe_yaml import read_yaml_file
 
@@ -201,8 +202,6 @@ def record_warm_start(key: str, records: Path) -> bool:
     """Keep a copy of the cached warm start ``key`` in ``records/warmstarts/<key>`` (once);
     whether it is kept there now (not when it is not in the cache, or is larger than
     :data:`MAX_WARM_START_MB`)."""
-    from credo.train.warmstart import warm_start_folder
-
     kept = Path(records) / WARM_STARTS / key
     if (kept / "warmstart.json").is_file():
         return True
@@ -216,8 +215,6 @@ def record_warm_start(key: str, records: Path) -> bool:
 def restore_warm_start(key: str, records: Path) -> bool:
     """Put the warm start ``key`` kept in ``records`` into the cache if the cache lacks it
     (the next run of its seed loads it instead of training another); whether it did."""
-    from credo.train.warmstart import warm_start_folder
-
     kept = Path(records) / WARM_STARTS / key
     cached = warm_start_folder(key)
     if (cached / "warmstart.json").is_file() or not (kept / "warmstart.json").is_file():
