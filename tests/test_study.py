@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -14,6 +16,28 @@ from credo.commands.compare import Arm, compare
 from credo.commands.study import load_study, run_study, write_index
 from credo.train.config import ConfigError, load_config
 from small_run import SMALL
+
+
+def _runs_as(
+    monkeypatch: pytest.MonkeyPatch, script: str = "pass"
+) -> tuple[list[list[str]], list[subprocess.Popen[bytes]]]:
+    """Make ``compare --jobs`` start ``python -c SCRIPT`` in place of each ``credo train``
+    run (with the same keyword arguments); returns the commands it asked for and the
+    processes started, both filled as runs start."""
+    import credo.commands.compare as cmp
+
+    commands: list[list[str]] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        commands.append(cmd)
+        procs.append(real_popen([sys.executable, "-c", script], **kw))  # type: ignore[call-overload]
+        return procs[-1]
+
+    monkeypatch.setattr(cmp.subprocess, "Popen", popen)
+    return commands, procs
+
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 
@@ -373,9 +397,6 @@ def test_a_run_stopped_before_its_end_is_reported_as_stopped(
     """A run that a signal stopped (it checkpoints and exits cleanly, with no final
     result) makes the comparison say so in one line, naming the run and how to continue,
     in process and with ``--jobs`` (was: "No such file ... final_eval.json")."""
-    import subprocess
-    import sys
-
     import credo.commands.compare as cmp
 
     common = [*SMALL, "eval.episodes=8", "train.iterations=1"]
@@ -384,14 +405,7 @@ def test_a_run_stopped_before_its_end_is_reported_as_stopped(
     with pytest.raises(cmp.RunStopped, match=r"1 run\(s\) stopped before their end.*grpo-seed0"):
         compare([Arm("grpo", "grpo")], [0], overrides=common, out_dir=tmp_path / "one")
     # in processes: each exits 0 without finishing; no further run starts after a stop
-    started = []
-    real_popen = subprocess.Popen
-
-    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        started.append(cmd)
-        return real_popen([sys.executable, "-c", "pass"], **kw)  # type: ignore[call-overload]
-
-    monkeypatch.setattr(cmp.subprocess, "Popen", popen)
+    started, _ = _runs_as(monkeypatch)
     arms = [Arm("a", "grpo"), Arm("b", "grpo", ("optim.minibatches=2",))]
     with pytest.raises(cmp.RunStopped, match=r"run the same command again to continue"):
         compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2)
@@ -404,22 +418,12 @@ def test_runs_stopped_before_their_end_continue_first(
     """A run a signal stopped (its checkpoints kept) resumes before runs that have not
     started, with ``--jobs`` as in process: an interrupted session's partial run is
     finished first (was: in study order, after every earlier arm)."""
-    import subprocess
-    import sys
-
     import credo.commands.compare as cmp
 
     common = [*SMALL, "eval.episodes=8", "train.iterations=1"]
     arms = [Arm("a", "grpo"), Arm("b", "grpo", ("optim.minibatches=2",))]
     (tmp_path / "par" / "b-seed1" / "checkpoints").mkdir(parents=True)  # stopped at once
-    started: list[list[str]] = []
-    real_popen = subprocess.Popen
-
-    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        started.append(cmd)
-        return real_popen([sys.executable, "-c", "pass"], **kw)  # type: ignore[call-overload]
-
-    monkeypatch.setattr(cmp.subprocess, "Popen", popen)
+    started, _ = _runs_as(monkeypatch)
     with pytest.raises(cmp.RunStopped):
         compare(arms, [0, 1], overrides=common, out_dir=tmp_path / "par", jobs=2)
     assert started[0][-2:] == ["--resume", str(tmp_path / "par" / "b-seed1")]
@@ -447,12 +451,8 @@ def test_an_interrupted_comparison_stops_its_runs_once_each(
     SIGTERM killed the comparison and left its runs training, unrecorded)."""
     import os
     import signal
-    import subprocess
-    import sys
     import threading
     import time
-
-    import credo.commands.compare as cmp
 
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -469,12 +469,7 @@ def test_an_interrupted_comparison_stops_its_runs_once_each(
         f"open(os.path.join({str(marks)!r}, 'sigint-%d' % os.getpid()), 'w').write("
         "'%d %d' % (len(got), os.getsid(0)))\n"
     )
-    real_popen = subprocess.Popen
-    children: list[subprocess.Popen[bytes]] = []
-
-    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        children.append(real_popen([sys.executable, "-c", child], **kw))  # type: ignore[call-overload]
-        return children[-1]
+    _, children = _runs_as(monkeypatch, child)
 
     def stop_when_both_run() -> None:  # as a scheduler stops a job
         end = time.monotonic() + 30
@@ -482,7 +477,6 @@ def test_an_interrupted_comparison_stops_its_runs_once_each(
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(cmp.subprocess, "Popen", popen)
     common = [*SMALL, "eval.episodes=8", "train.iterations=1", "sft.enabled=false"]
     arms = [Arm("a", "grpo"), Arm("b", "grpo", ("optim.minibatches=2",))]
 
