@@ -127,6 +127,20 @@ def warm_start_key(cfg: Config) -> str:
     return config_hash(key)
 
 
+#: The noisy phase's settings: the clean phase does not read them.
+NOISY_FIELDS = ("noisy_episodes", "noisy_steps", "epsilon", "noisy_lr")
+
+
+def clean_phase_key(cfg: Config) -> str:
+    """Hash of what the warm start's clean phase depends on: :func:`warm_start_key`
+    without the noisy phase's settings (:data:`NOISY_FIELDS`). Warm starts that differ
+    only in their noisy phase share one clean phase, which :func:`warm_start` caches
+    under this key (``clean-<key>``) and starts their noisy phase from."""
+    plain = type(cfg.sft)()
+    sft = dataclasses.replace(cfg.sft, **{f: getattr(plain, f) for f in NOISY_FIELDS})
+    return config_hash({"clean phase of": warm_start_key(dataclasses.replace(cfg, sft=sft))})
+
+
 def _code_fingerprint(cfg: Config) -> str:
     """Hash of the code a warm start depends on: the env's module, the prompt renderer,
     the demonstrations/SFT code and the built-in model. Editing any of them (e.g. your
@@ -168,6 +182,11 @@ def warm_start(
 ) -> tuple[HFPolicy, WarmStart]:
     """SFT on clean, then on ε-noisy oracle demonstrations; cached by config hash.
 
+    The clean phase is cached too (:func:`clean_phase_key`): a warm start that differs
+    from a cached one only in its noisy phase (``sft.noisy_steps``, ``noisy_lr``,
+    ``epsilon``, ``noisy_episodes``) loads that clean phase and trains its own noisy
+    phase on it, with the same weights as one trained from scratch.
+
     With ``model.lora`` the warm start trains LoRA adapters and merges them into the
     weights at the end: the result (and the cached folder) is always a plain model, on
     which RL then trains fresh adapters. A cached warm start is loaded into the policy
@@ -207,13 +226,20 @@ def warm_start(
         teach = {"privileged": sft.privileged, "privileged_prompt": render}
         if sft.privileged == "anchor":  # MT-SDPO's verified context, as the teacher reads it
             teach["anchor"] = lambda actions: sanitise(t.sanitiser, actions, **t.sanitiser_params)
+    # the clean phase of a warm start that differs only in its noisy phase, if cached
+    # (not under LoRA: there both phases train the same adapters, merged at the end)
+    reuse = cfg.sft.cache and sft.noisy_steps > 0 and cfg.model.lora is None
+    clean_folder = warm_start_folder(f"clean-{clean_phase_key(cfg)}")
+    have_clean = reuse and (clean_folder / "warmstart.json").exists()
     if sft.agent_reply is not None:  # through the user's agent, the oracle replying
         clean, noisy = _agent_demonstrations(run, policy, sft)
     else:
-        clean = collect_demonstrations(
-            run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0,
-            seed=cfg.warm_start_seed, **teach,
-        )  # fmt: skip
+        clean = Demonstrations([], 0.0)
+        if not have_clean:
+            clean = collect_demonstrations(
+                run.make_env, run.renderer, episodes=sft.episodes, epsilon=0.0,
+                seed=cfg.warm_start_seed, **teach,
+            )  # fmt: skip
         noisy = collect_demonstrations(
             run.make_env,
             run.renderer,
@@ -227,45 +253,31 @@ def warm_start(
     reading = sft.privileged_steps if clean.privileged else 0
     total = reading + sft.steps + sft.noisy_steps
 
-    def report(phase: str, offset: int) -> Callable[[int, float], None]:
-        return lambda step, loss: (
-            on_step(phase, offset + step + 1, total, loss) if on_step else None
-        )
-
-    for rows, steps, lr, seed, name, offset, warmup in (
-        # the privileged rows alone first (sft.privileged_steps): reading the text
-        (clean.privileged, reading, sft.lr, cfg.warm_start_seed + 2, "text demos", 0, None),
-        (
-            _with_privileged(clean, sft),
-            sft.steps,
-            sft.lr,
-            cfg.warm_start_seed,
-            "clean demos",
-            reading,
-            None,
-        ),
-        (
-            _with_privileged(noisy, sft),
-            sft.noisy_steps,
-            sft.noisy_lr,
-            cfg.warm_start_seed + 1,
-            "noisy demos",
-            reading + sft.steps,
-            0,
-        ),
-    ):
+    def train(
+        rows: list, steps: int, lr: float, seed: int, name: str, offset: int, **kw: Any
+    ) -> None:
         if steps:
-            extra = {} if warmup is None else {"warmup": warmup}
             sft_train(
-                policy,
-                rows,
-                steps=steps,
-                batch_size=sft.batch_size,
-                lr=lr,
-                seed=seed,
-                on_step=report(name, offset),
-                **extra,
-            )
+                policy, rows, steps=steps, batch_size=sft.batch_size, lr=lr, seed=seed,
+                on_step=lambda step, loss: (
+                    on_step(name, offset + step + 1, total, loss) if on_step else None
+                ),
+                **kw,
+            )  # fmt: skip
+
+    if have_clean:
+        policy.load_weights(clean_folder / "policy")
+    else:
+        # the privileged rows alone first (sft.privileged_steps): reading the text
+        train(clean.privileged, reading, sft.lr, cfg.warm_start_seed + 2, "text demos", 0)
+        rows = _with_privileged(clean, sft)
+        train(rows, sft.steps, sft.lr, cfg.warm_start_seed, "clean demos", reading)
+        if reuse:
+            _store(policy, clean_folder, {"phase": "clean", "config": asdict(sft)})
+    train(
+        _with_privileged(noisy, sft), sft.noisy_steps, sft.noisy_lr, cfg.warm_start_seed + 1,
+        "noisy demos", reading + sft.steps, warmup=0,
+    )  # fmt: skip
     policy = merge_lora(policy)
     seconds = time.perf_counter() - start
     if cfg.sft.cache:
