@@ -1,6 +1,7 @@
-"""The warm start's clean phase is cached on its own: warm starts that differ only in
-their noisy phase (``sft.noisy_steps``, ``noisy_lr``, ``epsilon``, ``noisy_episodes``)
-train the clean phase once and get the weights a warm start from scratch gets."""
+"""The warm start's clean phase is cached, as the warm start without a noisy phase: warm
+starts that differ only in the noisy phase's length or learning rate (``sft.noisy_steps``,
+``sft.noisy_lr``) train the clean phase once and get the weights a warm start from
+scratch gets."""
 
 from __future__ import annotations
 
@@ -32,20 +33,18 @@ def _warm(overrides: list[str]) -> tuple[list[torch.Tensor], list[str]]:
     return [p.detach().clone() for p in policy.model.parameters()], phases
 
 
-def test_the_clean_key_ignores_the_noisy_phase_only() -> None:
+def test_the_clean_key_is_the_key_of_the_warm_start_without_a_noisy_phase() -> None:
     base = load_config("grpo", TINY)
     key = clean_phase_key(base)
-    for noisy in (
-        "sft.noisy_steps=5",
-        "sft.noisy_lr=3e-4",
-        "sft.epsilon=0.1",
-        "sft.noisy_episodes=7",
-    ):
+    assert key == warm_start_key(load_config("grpo", [*TINY, "sft.noisy_steps=0"]))
+    for noisy in ("sft.noisy_steps=5", "sft.noisy_lr=3e-4"):
         other = load_config("grpo", [*TINY, noisy])
         assert clean_phase_key(other) == key, noisy
-        assert warm_start_key(other) != warm_start_key(base), noisy
-    for clean in ("sft.steps=5", "sft.lr=3e-4", "sft.episodes=21", "sft.seed=1"):
-        assert clean_phase_key(load_config("grpo", [*TINY, clean])) != key, clean
+        assert warm_start_key(other) not in (key, warm_start_key(base)), noisy
+    # the noisy demonstrations (their success is recorded) and the clean phase's settings
+    for other in ("sft.epsilon=0.1", "sft.noisy_episodes=7", "sft.steps=5", "sft.lr=3e-4"):
+        assert clean_phase_key(load_config("grpo", [*TINY, other])) != key, other
+    assert clean_phase_key(load_config("grpo", [*TINY, "sft.seed=1"])) != key
 
 
 def test_a_noisy_variant_reuses_the_cached_clean_phase_with_identical_weights(
@@ -54,22 +53,28 @@ def test_a_noisy_variant_reuses_the_cached_clean_phase_with_identical_weights(
     monkeypatch.setenv("CREDO_CACHE", str(tmp_path))
     _, phases = _warm([])
     assert phases.count("clean demos") == 4 and phases.count("noisy demos") == 2
-    clean = warm_start_folder(f"clean-{clean_phase_key(load_config('grpo', TINY))}")
+    clean = warm_start_folder(clean_phase_key(load_config("grpo", TINY)))
     assert (clean / "warmstart.json").exists() and (clean / "policy").is_dir()
+    # it is the warm start without a noisy phase: that run loads it
+    no_noise, phases = _warm(["sft.noisy_steps=0"])
+    assert phases == []
+    fresh, _ = _warm(["sft.noisy_steps=0", "sft.cache=false"])
+    assert all(torch.equal(a, b) for a, b in zip(no_noise, fresh, strict=True))
 
-    variant = ["sft.noisy_steps=3", "sft.epsilon=0.5", "sft.noisy_lr=3e-3"]
+    variant = ["sft.noisy_steps=3", "sft.noisy_lr=3e-3"]
     reused, phases = _warm(variant)
     assert phases == ["noisy demos"] * 3  # the clean phase was loaded, not trained
     fresh, phases = _warm([*variant, "sft.cache=false"])
     assert phases.count("clean demos") == 4
     assert all(torch.equal(a, b) for a, b in zip(reused, fresh, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(reused, no_noise, strict=True))
 
 
-def test_no_clean_phase_is_stored_without_a_noisy_phase_or_a_cache(
+def test_without_a_cache_or_a_noisy_phase_nothing_more_is_stored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CREDO_CACHE", str(tmp_path))
-    _warm(["sft.noisy_steps=0"])  # the warm start is its clean phase: cached as itself
+    _warm(["sft.noisy_steps=0"])  # the warm start is its clean phase: stored once
     _warm(["sft.cache=false", "sft.seed=3"])
-    names = sorted(p.name for p in (tmp_path / "warmstart").iterdir())
-    assert len(names) == 1 and not names[0].startswith("clean-")
+    names = [p.name for p in (tmp_path / "warmstart").iterdir()]
+    assert names == [warm_start_key(load_config("grpo", [*TINY, "sft.noisy_steps=0"]))]

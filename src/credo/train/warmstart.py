@@ -127,18 +127,16 @@ def warm_start_key(cfg: Config) -> str:
     return config_hash(key)
 
 
-#: The noisy phase's settings: the clean phase does not read them.
-NOISY_FIELDS = ("noisy_episodes", "noisy_steps", "epsilon", "noisy_lr")
-
-
 def clean_phase_key(cfg: Config) -> str:
-    """Hash of what the warm start's clean phase depends on: :func:`warm_start_key`
-    without the noisy phase's settings (:data:`NOISY_FIELDS`). Warm starts that differ
-    only in their noisy phase share one clean phase, which :func:`warm_start` caches
-    under this key (``clean-<key>``) and starts their noisy phase from."""
-    plain = type(cfg.sft)()
-    sft = dataclasses.replace(cfg.sft, **{f: getattr(plain, f) for f in NOISY_FIELDS})
-    return config_hash({"clean phase of": warm_start_key(dataclasses.replace(cfg, sft=sft))})
+    """The key of the warm start's clean phase: that of the same warm start without a
+    noisy phase (``sft.noisy_steps=0``, ``sft.noisy_lr`` at its default), which is the
+    clean phase itself. Warm starts that differ only in ``sft.noisy_steps`` or
+    ``sft.noisy_lr`` share it: :func:`warm_start` loads it from the cache and trains
+    only the noisy phase. (``sft.epsilon`` and ``sft.noisy_episodes`` stay in the key:
+    they make the noisy demonstrations whose success the warm start records.)"""
+    noisy_lr = type(cfg.sft)().noisy_lr
+    sft = dataclasses.replace(cfg.sft, noisy_steps=0, noisy_lr=noisy_lr)
+    return warm_start_key(dataclasses.replace(cfg, sft=sft))
 
 
 def _code_fingerprint(cfg: Config) -> str:
@@ -182,10 +180,10 @@ def warm_start(
 ) -> tuple[HFPolicy, WarmStart]:
     """SFT on clean, then on ε-noisy oracle demonstrations; cached by config hash.
 
-    The clean phase is cached too (:func:`clean_phase_key`): a warm start that differs
-    from a cached one only in its noisy phase (``sft.noisy_steps``, ``noisy_lr``,
-    ``epsilon``, ``noisy_episodes``) loads that clean phase and trains its own noisy
-    phase on it, with the same weights as one trained from scratch.
+    The clean phase is cached too, as the warm start without a noisy phase
+    (:func:`clean_phase_key`): a warm start that differs from a cached one only in
+    ``sft.noisy_steps`` or ``sft.noisy_lr`` loads that clean phase and trains only its
+    own noisy phase, with the weights a warm start trained from scratch gets.
 
     With ``model.lora`` the warm start trains LoRA adapters and merges them into the
     weights at the end: the result (and the cached folder) is always a plain model, on
@@ -229,7 +227,7 @@ def warm_start(
     # the clean phase of a warm start that differs only in its noisy phase, if cached
     # (not under LoRA: there both phases train the same adapters, merged at the end)
     reuse = cfg.sft.cache and sft.noisy_steps > 0 and cfg.model.lora is None
-    clean_folder = warm_start_folder(f"clean-{clean_phase_key(cfg)}")
+    clean_folder = warm_start_folder(clean_phase_key(cfg))
     have_clean = reuse and (clean_folder / "warmstart.json").exists()
     if sft.agent_reply is not None:  # through the user's agent, the oracle replying
         clean, noisy = _agent_demonstrations(run, policy, sft)
@@ -272,8 +270,10 @@ def warm_start(
         train(clean.privileged, reading, sft.lr, cfg.warm_start_seed + 2, "text demos", 0)
         rows = _with_privileged(clean, sft)
         train(rows, sft.steps, sft.lr, cfg.warm_start_seed, "clean demos", reading)
-        if reuse:
-            _store(policy, clean_folder, {"phase": "clean", "config": asdict(sft)})
+        if reuse:  # as the warm start without a noisy phase would store it
+            clean_sft = dataclasses.replace(sft, noisy_steps=0, noisy_lr=type(sft)().noisy_lr)
+            meta = {"demo_success": noisy.success_rate, "seconds": time.perf_counter() - start}
+            _store(policy, clean_folder, {**meta, "config": asdict(clean_sft)})
     train(
         _with_privileged(noisy, sft), sft.noisy_steps, sft.noisy_lr, cfg.warm_start_seed + 1,
         "noisy demos", reading + sft.steps, warmup=0,
