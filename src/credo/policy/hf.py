@@ -309,6 +309,17 @@ class HFPolicy:
         state: dict[str, torch.Tensor] = {}
         for name in files:
             state.update(load_file(str(path / name)))
+        # weights this model shares (a tied output layer) must be one tensor in the files
+        # too: else loading writes one over the other and the model is silently broken
+        shared = self.model.get_input_embeddings().weight
+        tied = [n for n, p in self.model.named_parameters(remove_duplicate=False) if p is shared]
+        held = [state[n] for n in tied if n in state]
+        if any(not torch.equal(held[0], t) for t in held[1:]):
+            raise ValueError(
+                f"{path} holds an output layer of its own but this model ties it to the "
+                f"input embedding ({', '.join(tied)}); for the built-in model set "
+                "model.tiny.tie_embeddings=false"
+            )
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         own = {n for n, _ in self.model.named_parameters()}  # tied duplicates listed once
         missing = [k for k in missing if k in own and k not in state]

@@ -51,6 +51,14 @@ class TinyModelConfig:
         intermediate_size: MLP width (default 256).
         max_position_embeddings: longest prompt + response (default 512).
         number_code: scale of the value code of number tokens (default 1.0; 0 = off).
+        tie_embeddings: the output layer shares the input embedding (default true).
+            With them tied, words that play the same part in every demonstration can
+            collapse onto one vector in SFT, the output's gradient pulling them
+            together before the copy skill is learned: on ``shop``'s ``multi``, seed 0,
+            the 12 categories reached a mean cosine of 0.92 (2,500 clean steps; colours
+            0.34) and the model then copies the goal's category into its search at
+            chance among them (docs/results.md). ``false`` gives the output layer its
+            own weights.
     """
 
     hidden_size: int = 128
@@ -59,6 +67,7 @@ class TinyModelConfig:
     intermediate_size: int = 256
     max_position_embeddings: int = 512
     number_code: float = 1.0
+    tie_embeddings: bool = True
 
 
 def is_tiny(policy: HFPolicy) -> bool:
@@ -81,7 +90,7 @@ def create_tiny_policy(words: Iterable[str], cfg: TinyModelConfig, *, seed: int 
         num_key_value_heads=cfg.num_heads,
         max_position_embeddings=cfg.max_position_embeddings,
         rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
+        tie_word_embeddings=cfg.tie_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

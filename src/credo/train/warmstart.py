@@ -76,7 +76,10 @@ def warm_start_key(cfg: Config) -> str:
     """Hash of everything the warm start depends on, the code included. Model and prompt
     settings enter only when they differ from their defaults (the built-in model's keys
     stay short and stable)."""
-    model: dict[str, Any] = {"name": cfg.model.name, "tiny": asdict(cfg.model.tiny)}
+    tiny = asdict(cfg.model.tiny)
+    if tiny["tie_embeddings"]:  # the keys made before the setting existed stay valid
+        del tiny["tie_embeddings"]
+    model: dict[str, Any] = {"name": cfg.model.name, "tiny": tiny}
     if cfg.model.lora is not None:
         model["lora"] = asdict(cfg.model.lora)
     if cfg.model.dtype != "float32":
