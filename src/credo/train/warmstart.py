@@ -77,7 +77,7 @@ def warm_start_key(cfg: Config) -> str:
     settings enter only when they differ from their defaults (the built-in model's keys
     stay short and stable)."""
     tiny = asdict(cfg.model.tiny)
-    if tiny["tie_embeddings"]:  # the keys made before the setting existed stay valid
+    if tiny["tie_embeddings"]:  # the default adds nothing to the key
         del tiny["tie_embeddings"]
     model: dict[str, Any] = {"name": cfg.model.name, "tiny": tiny}
     if cfg.model.lora is not None:
