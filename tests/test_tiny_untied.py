@@ -1,6 +1,6 @@
 """``model.tiny.tie_embeddings=false``: the built-in model's output layer gets its own
 weights (on ``shop``'s ``multi`` the tied model's category embeddings collapsed onto one
-vector in SFT; docs/results.md). The option keeps the keys of the default warm starts."""
+vector in SFT; docs/results.md). The default adds nothing to a warm start's key."""
 
 from __future__ import annotations
 

@@ -137,9 +137,13 @@ def clean_phase_key(cfg: Config) -> str:
     ``sft.noisy_lr`` share it: :func:`warm_start` loads it from the cache and trains
     only the noisy phase. (``sft.epsilon`` and ``sft.noisy_episodes`` stay in the key:
     they make the noisy demonstrations whose success the warm start records.)"""
-    noisy_lr = type(cfg.sft)().noisy_lr
-    sft = dataclasses.replace(cfg.sft, noisy_steps=0, noisy_lr=noisy_lr)
-    return warm_start_key(dataclasses.replace(cfg, sft=sft))
+    return warm_start_key(dataclasses.replace(cfg, sft=_without_noisy_phase(cfg.sft)))
+
+
+def _without_noisy_phase(sft: Any) -> Any:
+    """``sft`` as the warm start without a noisy phase has it: ``noisy_steps=0`` and
+    ``noisy_lr`` at its default (the settings the clean phase does not read)."""
+    return dataclasses.replace(sft, noisy_steps=0, noisy_lr=type(sft)().noisy_lr)
 
 
 def _code_fingerprint(cfg: Config) -> str:
@@ -274,9 +278,8 @@ def warm_start(
         rows = _with_privileged(clean, sft)
         train(rows, sft.steps, sft.lr, cfg.warm_start_seed, "clean demos", reading)
         if reuse:  # as the warm start without a noisy phase would store it
-            clean_sft = dataclasses.replace(sft, noisy_steps=0, noisy_lr=type(sft)().noisy_lr)
             meta = {"demo_success": noisy.success_rate, "seconds": time.perf_counter() - start}
-            _store(policy, clean_folder, {**meta, "config": asdict(clean_sft)})
+            _store(policy, clean_folder, {**meta, "config": asdict(_without_noisy_phase(sft))})
     train(
         _with_privileged(noisy, sft), sft.noisy_steps, sft.noisy_lr, cfg.warm_start_seed + 1,
         "noisy demos", reading + sft.steps, warmup=0,
