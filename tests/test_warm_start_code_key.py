@@ -1,0 +1,113 @@
+"""A warm start's key hashes the code it depends on (the env's module, the renderer, the
+SFT code, the built-in model) without its docstrings, comments and blank lines
+(:func:`credo.train.warmstart.code_text`): a reworded docstring keeps recorded warm
+starts valid, any edit to the code still gives a new key."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from credo.policy import tiny
+from credo.train.config import load_config
+from credo.train.warmstart import code_text, warm_start_key
+
+SOURCE = '''"""The module's docstring."""
+
+import math  # why math
+
+X = "# a string, not a comment"
+
+
+def f(a):  # trailing comment
+    """f's docstring: é, ü (non-ASCII before the code on its line)"""; b = a + 1
+    # a comment line
+
+    return math.sqrt(b)
+
+
+class C:
+    """A class docstring
+    over two lines."""
+
+    y = "kept: an assignment, not a docstring"
+'''
+
+CODE = (
+    "import math\n"
+    'X = "# a string, not a comment"\n'
+    "def f(a):\n"
+    "    ; b = a + 1\n"
+    "    return math.sqrt(b)\n"
+    "class C:\n"
+    '    y = "kept: an assignment, not a docstring"'
+)
+
+
+def test_code_text_drops_docstrings_comments_and_blank_lines_and_keeps_the_code() -> None:
+    assert code_text(SOURCE) == CODE
+
+
+def test_prose_edits_keep_the_text_and_code_edits_change_it() -> None:
+    reworded = (
+        SOURCE.replace("The module's docstring.", "Reworded, and longer than before.")
+        .replace("# why math", "# another reason")
+        .replace("over two lines.", "over\n    three lines.")
+        .replace("    # a comment line\n", "")
+        .replace("\n\nclass C", "\n\n\n\nclass C")
+    )
+    assert reworded != SOURCE
+    assert code_text(reworded) == code_text(SOURCE)
+    for before, after in [
+        ("a + 1", "a + 2"),
+        ('"# a string, not a comment"', '"# another string"'),
+        ('"kept: an assignment, not a docstring"', '"changed"'),
+        ("return math.sqrt(b)", "return math.sqrt(b) + 0"),
+        ("    y =", "    z ="),
+    ]:
+        assert before in SOURCE
+        assert code_text(SOURCE.replace(before, after)) != code_text(SOURCE), before
+
+
+@given(st.text(alphabet="ab #\"'\n:()=", max_size=40))
+def test_code_text_never_raises_and_returns_source_it_cannot_parse(source: str) -> None:
+    text = code_text(source)
+    try:
+        compile(source, "<hypothesis>", "exec")
+    except (SyntaxError, ValueError):
+        assert text == source
+    else:
+        assert all(line.strip() for line in text.splitlines())  # no blank lines left
+
+
+def test_a_docstring_edit_in_a_fingerprinted_module_keeps_the_warm_start_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = load_config("grpo", [])
+    key = warm_start_key(cfg)
+    real = inspect.getsource
+
+    def edited(obj: object, doc: str) -> str:
+        source = real(obj)  # type: ignore[arg-type]
+        if obj is tiny:
+            assert tiny.__doc__ and tiny.__doc__ in source
+            source = source.replace(tiny.__doc__, doc)
+        return source
+
+    monkeypatch.setattr(inspect, "getsource", lambda o: edited(o, "Reworded."))
+    assert warm_start_key(cfg) == key
+    # the same module with one number of its code changed gets another key
+    monkeypatch.setattr(
+        inspect,
+        "getsource",
+        lambda o: (
+            real(o).replace("hidden_size: int = 128", "hidden_size: int = 129")
+            if o is tiny
+            else real(o)
+        ),
+    )
+    assert "hidden_size: int = 128" in real(tiny)
+    assert warm_start_key(cfg) != key
