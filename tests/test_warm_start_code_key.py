@@ -72,6 +72,12 @@ def test_prose_edits_keep_the_text_and_code_edits_change_it() -> None:
         assert code_text(SOURCE.replace(before, after)) != code_text(SOURCE), before
 
 
+def test_a_line_separator_inside_a_string_does_not_shift_the_cuts() -> None:
+    # str.splitlines breaks at a form feed or U+2028; Python's tokenizer does not
+    source = 'x = "a\x0cb\u2028c"  # note\ndef f():\n    """doc"""\n    return x\n'
+    assert code_text(source) == 'x = "a\x0cb\u2028c"\ndef f():\n    return x'
+
+
 @given(st.text(alphabet="ab #\"'\n:()=", max_size=40))
 def test_code_text_never_raises_and_returns_source_it_cannot_parse(source: str) -> None:
     text = code_text(source)

@@ -201,7 +201,7 @@ def code_text(source: str) -> str:
         ]
     except (SyntaxError, tokenize.TokenError, ValueError):
         return source
-    lines = source.splitlines(keepends=True)
+    lines = source.split("\n")  # rows as ast and tokenize count them (not str.splitlines)
 
     def char_col(row: int, byte_col: int) -> int:  # ast counts UTF-8 bytes, not characters
         return len(lines[row - 1].encode()[:byte_col].decode(errors="ignore"))
@@ -220,11 +220,11 @@ def code_text(source: str) -> str:
             spans.append((start, end))
     offsets = [0]
     for line in lines:
-        offsets.append(offsets[-1] + len(line))
+        offsets.append(offsets[-1] + len(line) + 1)
     text = source
     for (r0, c0), (r1, c1) in sorted(spans, reverse=True):  # from the end: offsets hold
         text = text[: offsets[r0 - 1] + c0] + text[offsets[r1 - 1] + c1 :]
-    kept = (line.rstrip() for line in text.splitlines())
+    kept = (line.rstrip() for line in text.split("\n"))
     return "\n".join(line for line in kept if line)
 
 
