@@ -194,7 +194,8 @@ def code_text(source: str) -> str:
 
     try:
         tree = ast.parse(source)
-        comments = [
+        # ((row, col), (row, col)) of what to cut: 1-based rows, character columns
+        spans = [
             (tok.start, tok.end)
             for tok in tokenize.generate_tokens(io.StringIO(source).readline)
             if tok.type == tokenize.COMMENT
@@ -206,7 +207,6 @@ def code_text(source: str) -> str:
     def char_col(row: int, byte_col: int) -> int:  # ast counts UTF-8 bytes, not characters
         return len(lines[row - 1].encode()[:byte_col].decode(errors="ignore"))
 
-    spans = list(comments)  # ((row, col), (row, col)): 1-based rows, character columns
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Expr)
