@@ -22,7 +22,7 @@ from credo.commands.records import (
     record_warm_start,
 )
 from credo.commands.study import load_study, run_study
-from credo.train.config import load_config
+from credo.train.config import ConfigError, load_config
 from small_run import SMALL
 
 COMMON = [*SMALL, "eval.episodes=8", "train.iterations=1"]
@@ -74,6 +74,38 @@ def test_a_record_of_another_config_is_not_used(tmp_path: Path) -> None:
     assert (tmp_path / "b" / "one-seed0" / "final_eval.json").exists()
     assert record_problem(records / "one-seed0", changed) is None
     assert (records / "one-seed0" / "record.json").stat().st_mtime_ns != stamp
+
+
+def test_a_run_folder_of_another_config_is_neither_read_nor_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study whose overrides changed, run again into the same folder, found the old
+    runs there: a finished one was read as the new arm's result and a stopped one was
+    resumed with its old config. Now the comparison names the folder and the key, and
+    trains nothing."""
+    arm = [Arm("one", "grpo", ("optim.minibatches=1",))]
+    out = tmp_path / "a"
+    compare(arm, [0], overrides=COMMON, out_dir=out)
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(compare_mod, "_run_parallel", lambda *a, **k: pytest.fail("trained"))
+    expected = (
+        f"run folder {out / 'one-seed0'} holds a run of another config "
+        f"(optim.lr is 0.0001 now, 0.0005 in {out / 'one-seed0'}); "
+        "move it away or pass another output folder, then run again"
+    )
+    for jobs in (1, 2):
+        with pytest.raises(ConfigError) as err:
+            compare(arm, [0], overrides=[*COMMON, "optim.lr=1e-4"], out_dir=out, jobs=jobs)
+        assert str(err.value) == expected
+    # stopped before its end (no final evaluation): not resumed either
+    (out / "one-seed0" / "final_eval.json").unlink()
+    with pytest.raises(ConfigError, match="holds a run of another config"):
+        compare(arm, [0], overrides=[*COMMON, "optim.lr=1e-4"], out_dir=out)
+    # the same config still resumes (here: finishes the run's last artefact)
+    monkeypatch.undo()
+    again = compare(arm, [0], overrides=COMMON, out_dir=out)
+    assert (out / "one-seed0" / "final_eval.json").is_file()
+    assert len(again[0].final) == 1
 
 
 def test_an_incomplete_record_is_named(tmp_path: Path) -> None:

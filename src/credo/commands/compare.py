@@ -5,7 +5,9 @@ tasks (they derive from ``(seed, iteration)``) and the same number of iterations
 and held-out tasks; recipes differ only in what they configure. The comparison folder holds
 one run folder per (recipe, seed), ``compare.json``, ``compare.md`` (the table) and
 ``compare.png`` (success vs. env steps for all recipes). Runs already finished are reused,
-and an interrupted one is resumed, so a comparison can be stopped and restarted.
+and an interrupted one is resumed, so a comparison can be stopped and restarted; a run
+folder there that holds a run of another config (the overrides changed since) stops the
+comparison before it trains, naming the folder and the first key that differs.
 
 What is compared are **arms**: a name, a recipe and the arm's own overrides
 (:class:`Arm`), so that one recipe may appear several times with different settings (a
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from credo.commands.records import (
+    config_difference,
     record_problem,
     record_warm_start,
     restore_warm_start,
@@ -255,6 +258,24 @@ def _finished(run_dir: Path) -> bool:
     return unfinished_reason(run_dir, done) is None
 
 
+def _check_run_folders(out_dir: Path, names: list[str], configs: list[Config]) -> None:
+    """A run folder already in ``out_dir`` (finished, or stopped and to be resumed) must
+    hold the run it is named for: one trained with another config (the study's overrides
+    changed since) would be resumed or read as this run's result.
+
+    Raises:
+        ConfigError: the first such folder, with the first key that differs.
+    """
+    for name, cfg in zip(names, configs):
+        if (out_dir / name / "config.yaml").is_file():
+            problem = config_difference(out_dir / name, cfg)
+            if problem is not None:
+                raise ConfigError(
+                    f"run folder {out_dir / name} holds a run of another config ({problem}); "
+                    "move it away or pass another output folder, then run again"
+                )
+
+
 def _resumable(run_dir: Path) -> Path | None:
     return run_dir if (run_dir / "checkpoints").exists() else None
 
@@ -370,6 +391,7 @@ def compare(
     ]
     configs = [load_config(arm.recipe, o) for (_, arm, _), o in zip(runs, run_overrides)]
     _check_one_env(names, configs[: len(arms)])
+    _check_run_folders(out_dir, [name for _, _, name in runs], configs)
     out_dir.mkdir(parents=True, exist_ok=True)
     # a run recorded with this config (an earlier session's) is read, not trained; a
     # record cannot give the trained policy pass^k evaluates

@@ -53,6 +53,7 @@ from credo.utils.safe_yaml import read_yaml_file
 __all__ = [
     "MAX_WARM_START_MB",
     "RECORD_FILES",
+    "config_difference",
     "cpu_name",
     "record_commits",
     "record_cpus",
@@ -90,10 +91,17 @@ def record_problem(record: Path, cfg: Config) -> str | None:
     missing = [f for f in (*RECORD_FILES, "record.json") if not (record / f).is_file()]
     if missing:
         return f"{record} lacks {', '.join(missing)}"
+    return config_difference(record, cfg)
+
+
+def config_difference(folder: Path, cfg: Config) -> str | None:
+    """How the run config in ``folder/config.yaml`` (a record's or a run folder's)
+    differs from ``cfg``, where the run folder is aside: the first differing key, or
+    that it does not load; ``None`` when they are the same run."""
     try:
-        recorded = Config.from_dict(read_yaml_file(record / "config.yaml")).to_dict()
-    except Exception as exc:  # an unreadable or outdated config: retrain
-        return f"{record / 'config.yaml'} does not load ({exc})"
+        recorded = Config.from_dict(read_yaml_file(folder / "config.yaml")).to_dict()
+    except Exception as exc:  # an unreadable or outdated config: another run
+        return f"{folder / 'config.yaml'} does not load ({exc})"
     want, have = _what(cfg.to_dict()), _what(recorded)
     for section in sorted(set(want) | set(have)):
         a, b = want.get(section), have.get(section)
@@ -101,8 +109,8 @@ def record_problem(record: Path, cfg: Config) -> str | None:
             continue
         if isinstance(a, dict) and isinstance(b, dict):
             key = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
-            return f"{section}.{key} is {a.get(key)!r} now, {b.get(key)!r} in {record}"
-        return f"{section} differs from {record}"
+            return f"{section}.{key} is {a.get(key)!r} now, {b.get(key)!r} in {folder}"
+        return f"{section} differs from {folder}"
     return None
 
 
