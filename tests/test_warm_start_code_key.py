@@ -1,11 +1,12 @@
 """A warm start's key hashes the code it depends on (the env's module, the renderer, the
 SFT code, the built-in model) without its docstrings, comments and blank lines
-(:func:`credo.train.warmstart.code_text`): a reworded docstring keeps recorded warm
+(:func:`credo.utils.code_text.code_text`): a reworded docstring keeps recorded warm
 starts valid, any edit to the code still gives a new key."""
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -13,7 +14,9 @@ from hypothesis import strategies as st
 
 from credo.policy import tiny
 from credo.train.config import load_config
-from credo.train.warmstart import code_text, warm_start_key
+from credo.train.warmstart import warm_start_key
+from credo.utils.code_text import code_text
+from credo.utils.imports import user_code_digest
 
 SOURCE = '''"""The module's docstring."""
 
@@ -117,3 +120,27 @@ def test_a_docstring_edit_in_a_fingerprinted_module_keeps_the_warm_start_key(
     )
     assert "hidden_size: int = 128" in real(tiny)
     assert warm_start_key(cfg) != key
+
+
+def test_the_user_agents_digest_ignores_its_prose_and_follows_its_code(tmp_path: Path) -> None:
+    """The user's agent code keys their agent warm start and its evaluations
+    (:func:`credo.utils.imports.user_code_digest`); it hashed the files' bytes, so a
+    reworded docstring in the agent threw its cached warm start away."""
+    agent, helper = tmp_path / "agent.py", tmp_path / "helper.py"
+    agent.write_text(
+        '"""My agent."""\nfrom helper import act\n\n\ndef run(env):\n    return act(env)\n'
+    )
+    helper.write_text("def act(env):\n    return env.step('go')  # one step\n")
+    spec = str(agent)
+    first = user_code_digest(spec)
+    agent.write_text(
+        '"""My agent, reworded."""\n# a comment\nfrom helper import act\n\ndef run(env):\n    """Runs."""\n    return act(env)\n'
+    )
+    helper.write_text("def act(env):\n    return env.step('go')\n")
+    assert user_code_digest(spec) == first
+    helper.write_text("def act(env):\n    return env.step('stop')\n")  # a sibling's code
+    assert user_code_digest(spec) != first
+    (tmp_path / "latin.py").write_bytes(b"# caf\xe9\nx = 1\n")  # not UTF-8: its bytes count
+    second = user_code_digest(spec)
+    (tmp_path / "latin.py").write_bytes(b"# caf\xe8\nx = 1\n")
+    assert user_code_digest(spec) != second

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from credo.utils.code_text import code_text
+
 __all__ = [
     "add_cwd_to_path",
     "import_user_module",
@@ -127,15 +129,22 @@ def user_module_files(module_name: str) -> list[Path]:
 
 def user_code_digest(module_name: str) -> str:
     """A SHA-256 of the source of the user's module ``module_name`` and its siblings
-    (:func:`user_module_files`: names relative to its folder, and contents), so that a
+    (:func:`user_module_files`: names relative to its folder, and their code), so that a
     result cached for the user's code is found again only while that code is unchanged;
-    ``""`` when it has no source file to read."""
+    ``""`` when it has no source file to read. A file's code is its
+    :func:`~credo.utils.code_text.code_text` (a reworded docstring or comment keeps the
+    digest); a file that is not UTF-8 counts byte for byte."""
     files = user_module_files(module_name)
     if not files:
         return ""
     h = hashlib.sha256()
     for path in files:
+        raw = path.read_bytes()
+        try:
+            body = code_text(raw.decode("utf-8")).encode()
+        except UnicodeDecodeError:
+            body = raw
         h.update(path.name.encode() + b"\0")
-        h.update(path.read_bytes())
+        h.update(body)
         h.update(b"\0")
     return h.hexdigest()
