@@ -110,6 +110,34 @@ def test_the_warm_start_key_holds_the_agents_code_and_reply(tmp_path: Path) -> N
     assert len({warm_start_key(a), warm_start_key(b), warm_start_key(plain)}) == 3
 
 
+def test_a_cached_clean_phase_runs_no_clean_agent_episodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the clean phase loaded from the cache (a warm start differing only in its
+    noisy phase), the agent is not run on the clean tasks again: only the noisy
+    episodes are collected. It ran both before, and trained on the noisy ones alone."""
+    import credo.agent.demos as demos
+
+    monkeypatch.setenv("CREDO_CACHE", str(tmp_path))
+    calls: list[float] = []  # the epsilon of each collection
+    real = demos.collect_agent_demonstrations
+
+    def counted(*args: object, **kw: object) -> object:
+        calls.append(kw["epsilon"])  # type: ignore[arg-type]
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(demos, "collect_agent_demonstrations", counted)
+    small = [*BASE, "sft.episodes=12", "sft.steps=4", "sft.noisy_episodes=6", "sft.noisy_steps=2"]
+    for extra in ([], ["sft.noisy_lr=3e-4"]):
+        run = build_run(load_config("grpo", [*small, "sft.agent_reply='MOVE: {action}'", *extra]))
+        try:
+            _, ws = warm_start(run)
+        finally:
+            run.close()
+        assert not ws.cached
+    assert calls == [0.0, 0.3, 0.3]  # clean and noisy, then the noisy ones only
+
+
 def _success_through_the_agent(overrides: list[str], episodes: int = 48) -> float:
     cfg = load_config("grpo", [*BASE, *overrides])
     run = build_run(cfg)

@@ -246,7 +246,7 @@ def warm_start(
     clean_folder = warm_start_folder(clean_phase_key(cfg))
     have_clean = reuse and (clean_folder / "warmstart.json").exists()
     if sft.agent_reply is not None:  # through the user's agent, the oracle replying
-        clean, noisy = _agent_demonstrations(run, policy, sft)
+        clean, noisy = _agent_demonstrations(run, policy, sft, with_clean=not have_clean)
     else:
         clean = Demonstrations([], 0.0)
         if not have_clean:
@@ -305,11 +305,12 @@ def warm_start(
 
 
 def _agent_demonstrations(
-    run: Run, policy: HFPolicy, sft: Any
+    run: Run, policy: HFPolicy, sft: Any, *, with_clean: bool = True
 ) -> tuple[Demonstrations, Demonstrations]:
     """The clean and noisy demonstrations of ``sft.agent_reply``: the user's agent run
     with the env's oracle replying (:mod:`credo.agent.demos`); the clean ones keep the
-    episodes the agent solved.
+    episodes the agent solved. Without ``with_clean`` (the clean phase is loaded from the
+    cache) no clean episode is run and the clean set is empty.
 
     Raises:
         ValueError: the agent solved none of its clean episodes (its parser does not read
@@ -326,11 +327,13 @@ def _agent_demonstrations(
         "timeout_s": a.timeout_s,
         "max_concurrency": a.max_concurrency,
     }
-    clean, solved = collect_agent_demonstrations(
-        a.agent, policy, run.make_env, episodes=sft.episodes, epsilon=0.0,
-        seed=cfg.warm_start_seed, **common,
-    )  # fmt: skip
-    if not any(e.success for e in clean):
+    clean, solved = [], 0.0
+    if with_clean:
+        clean, solved = collect_agent_demonstrations(
+            a.agent, policy, run.make_env, episodes=sft.episodes, epsilon=0.0,
+            seed=cfg.warm_start_seed, **common,
+        )  # fmt: skip
+    if with_clean and not any(e.success for e in clean):
         raise ValueError(
             f"the agent {a.agent} solved none of {len(clean)} tasks with the env's oracle "
             f"replying as sft.agent_reply={sft.agent_reply!r}: its parser does not read "
