@@ -20,7 +20,9 @@ def code_text(source: str) -> str:
     other statement that is only a string), its comments, trailing spaces and blank
     lines. The code itself is kept character for character, so any edit to it changes
     the text. Positions come from :mod:`ast` and :mod:`tokenize`, which place them the
-    same way on every Python version; source that does not parse is returned as is."""
+    same way on every Python version; source that does not parse is returned as is.
+    Line ends are read as Python reads a source file (``\r\n`` and ``\r`` are ``\n``)."""
+    source = source.replace("\r\n", "\n").replace("\r", "\n")
     try:
         tree = ast.parse(source)
         # ((row, col), (row, col)) of what to cut: 1-based rows, character columns
