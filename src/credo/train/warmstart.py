@@ -333,12 +333,12 @@ def _agent_demonstrations(
             a.agent, policy, run.make_env, episodes=sft.episodes, epsilon=0.0,
             seed=cfg.warm_start_seed, **common,
         )  # fmt: skip
-    if with_clean and not any(e.success for e in clean):
-        raise ValueError(
-            f"the agent {a.agent} solved none of {len(clean)} tasks with the env's oracle "
-            f"replying as sft.agent_reply={sft.agent_reply!r}: its parser does not read "
-            "those replies (write the format its prompt asks for)"
-        )
+        if not any(e.success for e in clean):
+            raise ValueError(
+                f"the agent {a.agent} solved none of {len(clean)} tasks with the env's "
+                f"oracle replying as sft.agent_reply={sft.agent_reply!r}: its parser does "
+                "not read those replies (write the format its prompt asks for)"
+            )
     noisy, noisy_solved = collect_agent_demonstrations(
         a.agent, policy, run.make_env, episodes=sft.noisy_episodes, epsilon=sft.epsilon,
         seed=cfg.warm_start_seed + 1, first_task=sft.episodes, **common,
