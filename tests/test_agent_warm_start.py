@@ -156,7 +156,7 @@ def test_the_agents_warm_start_teaches_its_format_where_credos_does_not() -> Non
     which the agent's ``MOVE:`` parser never reads (0 %); the warm start through the agent
     writes ``move : guess [ k ]`` and solves most tasks. With 300 clean SFT steps it solved
     56-85 % of 48 held-out tasks over ``sft.seed`` 0-3 (AVX2 CPU); with 150 it solved
-    10-35 % here and 18.8 % on another CI machine, too close to chance to assert on."""
+    10-35 % here and 18.8 % on another CI machine, below the 0.2 this test then asserted."""
     longer = "sft.steps=300"
     assert _success_through_the_agent([longer]) == 0.0
     assert _success_through_the_agent([longer, "sft.agent_reply='MOVE: {action}'"]) > 0.3
