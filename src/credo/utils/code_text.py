@@ -16,12 +16,13 @@ __all__ = ["code_text"]
 
 
 def code_text(source: str) -> str:
-    """``source`` (a Python module) without what does not run: its docstrings (and any
+    r"""``source`` (a Python module) without what does not run: its docstrings (and any
     other statement that is only a string), its comments, trailing spaces and blank
     lines. The code itself is kept character for character, so any edit to it changes
     the text. Positions come from :mod:`ast` and :mod:`tokenize`, which place them the
-    same way on every Python version; source that does not parse is returned as is.
-    Line ends are read as Python reads a source file (``\r\n`` and ``\r`` are ``\n``)."""
+    same way on every Python version. Line ends are first read as Python reads a source
+    file (``\r\n`` and ``\r`` become ``\n``); source that does not parse is returned
+    with only that done."""
     source = source.replace("\r\n", "\n").replace("\r", "\n")
     try:
         tree = ast.parse(source)
