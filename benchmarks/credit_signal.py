@@ -29,6 +29,13 @@ from the same forest:
   step; ``spare=progress``: on-graph steps that also bring the state closer to a goal),
   and how much of GRPO's negative and positive advantage mass survives the shaping.
 
+With ``--by-mistake`` (an env with a label rule: ``shop``, ``tools``), every action is
+labelled as ``credo eval --mistakes`` labels it, and a last table gives, for each verb and
+mistake class, how far below the right action of the same verb each estimator puts it
+(the gap in units of the estimator's own standard deviation,
+:func:`credo.critics.mistakes.advantage_by_mistake`; the ``ok`` rows give the right
+action's mean).
+
 ``--variant NAME:key=value,...`` adds an estimator with parameters (e.g.
 ``graph:std_floor=0.1``, ``gigpo:invalid_penalty=0.1,invalid_anchors=split``);
 ``--abstract-states stage`` samples ``shop`` with its earlier page-only progress states.
@@ -40,6 +47,8 @@ state's successors all succeed or all fail, the step advantages repeat the episo
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from typing import Any
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
@@ -50,6 +59,7 @@ from _common import print_table, warm_policy
 from credo.credit import advantage_stats, compute_advantages
 from credo.credit.gigpo import gigpo_episode_advantage, gigpo_step_advantage
 from credo.credit.proas import ABSTRACTIONS, ProgressGraph, progress_labels, progress_states
+from credo.critics.mistakes import advantage_by_mistake, has_label_rule, label_forest
 from credo.envs.base import Task
 from credo.train.config import load_config
 
@@ -102,6 +112,45 @@ def proas_rows(f: Any, base: torch.Tensor) -> list[list[str]]:
     return rows
 
 
+def verb_of(action: str) -> str:
+    """The first word of an action, lower-cased (``"click [ 2 ]"`` → ``"click"``)."""
+    m = re.match(r"\s*([A-Za-z_]+)", action)
+    return m.group(1).lower() if m else ""
+
+
+def mistake_rows(
+    env_name: str, run: Any, res: Any, advs: dict[str, torch.Tensor], min_actions: int = 10
+) -> list[list[str]]:
+    """The ``--by-mistake`` table: one row per (verb, label) of the forest's labelled
+    actions, one column per estimator (the ``ok`` rows: the mean advantage; the others:
+    the gap below ``ok`` of the same verb; both in units of that estimator's σ). Cells
+    with fewer than ``min_actions`` actions (e.g. a garbled verb) are pooled in one last
+    row, whose estimator columns stay empty."""
+    try:
+        rows, steps = label_forest(env_name, run.make_env, res)
+    except ValueError as e:
+        raise SystemExit(f"--by-mistake: {e}") from None
+    errors = [s.error for s in steps]
+    verbs = [verb_of(s.action) for s in steps]
+    tables = {
+        label: advantage_by_mistake(adv[rows].tolist(), errors, verbs)
+        for label, adv in advs.items()
+    }
+    cells = sorted(tables["grpo"], key=lambda k: (k[0], k[1] != "ok", -tables["grpo"][k]["n"]))
+    out, rare = [], 0
+    for verb, label in cells:
+        n = int(tables["grpo"][(verb, label)]["n"])
+        if n < min_actions:
+            rare += n
+            continue
+        vals = [t[(verb, label)]["mean" if label == "ok" else "gap"] for t in tables.values()]
+        name = f"{verb or '(none)'}: {label}" + (" (mean)" if label == "ok" else "")
+        out.append([name, str(n), *("—" if math.isnan(v) else f"{v:+.2f}" for v in vals)])
+    if rare:
+        out.append([f"(cells of < {min_actions} actions)", str(rare), *("" for _ in tables)])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--policy", required=True, help="a policy folder (final_policy, warm start)")
@@ -113,8 +162,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variant", action="append", default=[], help="NAME:key=value,...")
     ap.add_argument("--abstract-states", default=None, help="shop's abstract_states (goal, stage)")
+    ap.add_argument(
+        "--by-mistake", action="store_true", help="label the actions; gap of each mistake class"
+    )
     ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = ap.parse_args()
+    if args.by_mistake and not has_label_rule(args.env):
+        raise SystemExit(f"--by-mistake: env {args.env!r} has no label rule (shop, tools have)")
     torch.set_num_threads(args.threads)
 
     cfg = load_config(
@@ -173,8 +227,10 @@ def main() -> None:
     runs += [(e, e, {"update_first": True} if e == "proas" else {}) for e in ESTIMATORS]
     runs += [parse_variant(v) for v in args.variant]
     invalid = ~f.valid
-    for label, name, params in runs:
-        adv = compute_advantages(name, f, params, None).double()
+    advs = {
+        label: compute_advantages(name, f, params, None).double() for label, name, params in runs
+    }
+    for label, adv in advs.items():
         both = (base.abs() > 1e-9) & (adv.abs() > 1e-9)
         flip = both & (torch.sign(base) != torch.sign(adv))
         corr = torch.corrcoef(torch.stack([base, adv]))[0, 1] if base.std() > 0 else float("nan")
@@ -210,6 +266,13 @@ def main() -> None:
             "ProAS progress labels (graph from this forest)",
             ["quantity", "value"],
             proas_rows(f, base),
+        )
+    if args.by_mistake:
+        print_table(
+            "credit by mistake: gap below the right action of the same verb (in σ of each estimator)",
+            ["verb: label", "actions", *advs],
+            mistake_rows(args.env, run, res, advs),
+            width=160,
         )
 
 

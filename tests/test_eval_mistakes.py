@@ -3,18 +3,30 @@ rule, and how the failed episodes began to fail (hand-worked tallies)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from functools import partial
 
 import pytest
+import torch
 
 from credo.cli import main
-from credo.critics.labeller import LabelledStep
-from credo.critics.mistakes import has_label_rule, label_mistakes, mistake_summary
+from credo.critics.labeller import LabelledStep, label_episodes
+from credo.critics.mistakes import (
+    advantage_by_mistake,
+    has_label_rule,
+    label_forest,
+    label_mistakes,
+    mistake_summary,
+)
+from credo.envs.base import Task
 from credo.envs.shop import ShopEnv
 from credo.eval.evaluate import evaluate
 from credo.policy import SamplingParams, build_word_tokenizer
 from credo.rollout import PlainRenderer
 from credo.rollout.render import PLAIN_WORDS
+from credo.train.config import load_config
+from credo.train.run import build_run
 from test_eval_text_truth import FixedAction
 
 
@@ -40,6 +52,67 @@ def test_summary_by_hand() -> None:
     assert got["failed"] == 2
     assert got["first_mistake"] == {"wrong_query": 1, "none": 1}
     assert mistake_summary([]) == {"actions": {}, "failed": 0, "first_mistake": {}}
+
+
+def test_advantage_by_mistake_by_hand() -> None:
+    # advantages 3, 1, -1, 1, -4: mean 0, population variance 28/5, sigma = sqrt(5.6)
+    sigma = 5.6**0.5
+    got = advantage_by_mistake(
+        [3.0, 1.0, -1.0, 1.0, -4.0],
+        ["ok", "wrong_item", "wrong_item", "ok", "unnecessary_backtrack"],
+        ["click", "click", "click", "search", "back"],
+    )
+    assert set(got) == {
+        ("click", "ok"),
+        ("click", "wrong_item"),
+        ("search", "ok"),
+        ("back", "unnecessary_backtrack"),
+    }
+    ok_click, wrong = got[("click", "ok")], got[("click", "wrong_item")]
+    assert ok_click["n"] == 1 and ok_click["mean"] == pytest.approx(3 / sigma)
+    assert ok_click["negative"] == 0.0 and math.isnan(ok_click["gap"])  # ok has no gap
+    # the two wrong clicks average 0 (one of them below 0); the right click sits 3 / sigma above
+    assert wrong["n"] == 2 and wrong["mean"] == pytest.approx(0.0)
+    assert wrong["negative"] == 0.5 and wrong["gap"] == pytest.approx(3 / sigma)
+    assert got[("search", "ok")]["mean"] == pytest.approx(1 / sigma)
+    back = got[("back", "unnecessary_backtrack")]  # no right 'back' to compare with
+    assert back["mean"] == pytest.approx(-4 / sigma) and back["negative"] == 1.0
+    assert math.isnan(back["gap"])
+    # equal advantages: sigma 0 is read as 1, and nothing separates the two
+    flat = advantage_by_mistake([0.5, 0.5], ["ok", "wrong_item"], ["click", "click"])
+    assert flat[("click", "wrong_item")]["gap"] == 0.0
+    assert flat[("click", "wrong_item")]["mean"] == 0.5
+    with pytest.raises(ValueError, match="differ in length: 2, 1, 2"):
+        advantage_by_mistake([1.0, 2.0], ["ok"], ["click", "click"])
+
+
+def test_label_forest_names_the_row_of_every_labelled_action() -> None:
+    """A shop rollout of an untrained built-in policy: every action is labelled once, on
+    the forest row that holds it, with the label that labelling the episodes gives."""
+    cfg = load_config(
+        "grpo",
+        [
+            "env.name=shop",
+            "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
+            "sft.enabled=false",
+            "rollout.group_size=3",
+            "rollout.max_turns=4",
+            "train.threads=1",
+        ],
+    )
+    run = build_run(cfg)
+    tasks = [Task.make("train", i) for i in range(3)]
+    res = run.rollouts(run.policy, tasks, generator=torch.Generator().manual_seed(0))
+    rows, steps = label_forest("shop", run.make_env, res)
+    assert sorted(rows) == list(range(res.forest.num_rows))  # a linear sampler: once each
+    for row, step in zip(rows, steps, strict=True):
+        assert res.forest.actions[row] == step.action
+        assert int(res.forest.t[row]) == step.t
+    direct = label_episodes("shop", run.make_env, res.episodes)
+    assert [s.error for s in steps] == [s.error for s in direct]
+    short = dataclasses.replace(res, episodes=res.episodes[1:])
+    with pytest.raises(ValueError, match="do not follow its forest's paths"):
+        label_forest("shop", run.make_env, short)
 
 
 def test_an_evaluation_labels_every_action_of_its_episodes() -> None:

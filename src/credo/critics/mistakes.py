@@ -13,6 +13,11 @@ rules CAST's critic learns from), and two tallies come out:
   a wrong item, which the later counts would book as ``wrong_item``.
 
 ``credo eval RUN --mistakes`` prints both.
+
+:func:`advantage_by_mistake` asks the question the other way round, of a credit
+estimator: how much lower does it rate each kind of mistake than the right action of the
+same verb (a wrong ``click`` against a right ``click``)? ``benchmarks/credit_signal.py
+--by-mistake`` prints it for every estimator on one forest.
 """
 
 from __future__ import annotations
@@ -21,10 +26,18 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from credo.critics.labeller import LABEL_RULES, LabelledStep, label_episodes
 from credo.data import Episode
 
-__all__ = ["has_label_rule", "label_mistakes", "mistake_summary"]
+__all__ = [
+    "advantage_by_mistake",
+    "has_label_rule",
+    "label_forest",
+    "label_mistakes",
+    "mistake_summary",
+]
 
 
 def has_label_rule(env_name: str) -> bool:
@@ -64,3 +77,74 @@ def label_mistakes(
     """:func:`mistake_summary` of ``episodes`` labelled by env ``env_name``'s label rule
     (replayed in fresh envs from ``make_env``)."""
     return mistake_summary(label_episodes(env_name, make_env, episodes))
+
+
+def label_forest(
+    env_name: str, make_env: Callable[[], Any], result: Any
+) -> tuple[list[int], list[LabelledStep]]:
+    """Label the actions of a sampler's output (a
+    :class:`~credo.rollout.RolloutResult`) and name the forest row of each, so that a
+    row's advantage meets its label.
+
+    Returns:
+        ``(rows, steps)``: ``steps[i]`` labels the action of forest row ``rows[i]``; a
+        row that several branches share is labelled once per branch.
+
+    Raises:
+        ValueError: the result's episodes do not follow its forest's root-to-leaf paths.
+    """
+    ix = result.forest.episodes()
+    episodes = [e for e in result.episodes if e.steps]  # those that failed at reset: no rows
+    if len(episodes) != len(ix.leaf) or any(
+        len(e.steps) != int(n) for e, n in zip(episodes, ix.length, strict=True)
+    ):
+        raise ValueError("the result's episodes do not follow its forest's paths")
+    steps = label_episodes(env_name, make_env, episodes)
+    return [int(ix.rows[int(ix.ptr[s.episode]) + s.t]) for s in steps], steps
+
+
+def advantage_by_mistake(
+    advantages: Sequence[float], errors: Sequence[str], verbs: Sequence[str]
+) -> dict[tuple[str, str], dict[str, float]]:
+    """The advantage an estimator gives each kind of action, against the right action
+    of the same verb.
+
+    For action ``i`` with label ``errors[i]`` (``"ok"`` or a mistake class) and verb
+    ``verbs[i]`` (``click``, ``search``, ...), in units of σ, the standard deviation of
+    all ``advantages`` (population; 1 where they are all equal), so that estimators of
+    different scale compare::
+
+        mean(v, c) = mean of A_i / σ over the actions with verb v and label c
+        gap(v, c)  = mean(v, "ok") − mean(v, c)
+
+    A credit estimator that tells a mistake from the right action gives it a large
+    positive gap; GRPO, which scores whole episodes, separates them only as far as
+    mistakes sit in worse episodes.
+
+    Returns:
+        ``{(verb, label): {"n", "mean", "negative", "gap"}}``: the count, the mean, the
+        share of those actions with A < 0, and the gap (NaN for ``ok`` itself and for a
+        verb without an ``ok`` action).
+    """
+    a = np.asarray(advantages, dtype=np.float64)
+    if not len(a) == len(errors) == len(verbs):
+        raise ValueError(
+            f"advantages, errors and verbs differ in length: {len(a)}, {len(errors)}, {len(verbs)}"
+        )
+    sd = float(a.std()) if len(a) else 0.0
+    z = a / (sd if sd > 0 else 1.0)
+    cells: dict[tuple[str, str], list[int]] = {}
+    for i, key in enumerate(zip(verbs, errors, strict=True)):
+        cells.setdefault(key, []).append(i)
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for (verb, label), idx in cells.items():
+        ok = cells.get((verb, "ok"))
+        mean = float(z[idx].mean())
+        gap = float(z[ok].mean()) - mean if ok is not None and label != "ok" else float("nan")
+        out[(verb, label)] = {
+            "n": float(len(idx)),
+            "mean": mean,
+            "negative": float((a[idx] < 0).mean()),
+            "gap": gap,
+        }
+    return out
