@@ -722,12 +722,13 @@ def _mean_sd(values: list[float]) -> str:
 
 
 def _signed_points(delta: list[float]) -> str:
-    """``+3.1 (+2.0 +3.1 +5.4)``: the median of per-seed differences, then each, in
-    percentage points ("—" without them)."""
+    """``+3.5, +3.1 (+2.0 +3.1 +5.4)``: the mean and the median of per-seed
+    differences, then each, in percentage points ("—" without them)."""
     if not delta:
         return "—"
     each = " ".join(f"{100 * d:+.1f}" for d in delta)
-    return f"{100 * statistics.median(delta):+.1f} ({each})"
+    mean, median = 100 * statistics.fmean(delta), 100 * statistics.median(delta)
+    return f"{mean:+.1f}, {median:+.1f} ({each})"
 
 
 def _per_seed_ratios(ratios: list[float | None]) -> str:
@@ -762,7 +763,7 @@ COLUMNS = [
     "held-out success (mean ± sd)",
     "median",
     "per seed",
-    "Δ vs reference, points: median (per seed)",
+    "Δ vs reference, points: mean, median (per seed)",
     "warm start",
     "env steps to reference",
     "× reference's env steps",
