@@ -7,8 +7,11 @@ import dataclasses
 import math
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from credo.cli import main
 from credo.critics.labeller import LabelledStep, label_episodes
@@ -84,6 +87,37 @@ def test_advantage_by_mistake_by_hand() -> None:
     assert flat[("click", "wrong_item")]["mean"] == 0.5
     with pytest.raises(ValueError, match="differ in length: 2, 1, 2"):
         advantage_by_mistake([1.0, 2.0], ["ok"], ["click", "click"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-12, 12).map(lambda i: i / 4),  # sigma 0 or at least ~0.1
+            st.sampled_from(["ok", "wrong_item", "wrong_query"]),
+            st.sampled_from(["click", "search"]),
+        ),
+        min_size=2,
+        max_size=30,
+    ),
+    st.floats(0.1, 10.0),
+    st.floats(-5.0, 5.0),
+)
+def test_the_gap_does_not_depend_on_the_advantages_scale_or_offset(
+    cells: list[tuple[float, str, str]], scale: float, offset: float
+) -> None:
+    """gap(v, c) reads advantages in units of their sigma: A -> scale * A + offset (scale
+    > 0), as between estimators of different normalisation, leaves every gap as it was."""
+    adv, errors, verbs = (list(x) for x in zip(*cells, strict=True))
+    base = advantage_by_mistake(adv, errors, verbs)
+    moved = advantage_by_mistake([scale * a + offset for a in adv], errors, verbs)
+    assert base.keys() == moved.keys()
+    flat = float(np.std(adv)) == 0.0  # sigma 0 is read as 1: then the gap scales
+    for key, cell in base.items():
+        if math.isnan(cell["gap"]):
+            assert math.isnan(moved[key]["gap"])
+        elif not flat:
+            assert moved[key]["gap"] == pytest.approx(cell["gap"], abs=1e-6)
 
 
 def test_label_forest_names_the_row_of_every_labelled_action() -> None:
