@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from typing import Any
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
@@ -58,7 +57,13 @@ from _common import print_table, warm_policy
 
 from credo.credit import advantage_stats, compute_advantages
 from credo.credit.gigpo import gigpo_episode_advantage, gigpo_step_advantage
-from credo.credit.proas import ABSTRACTIONS, ProgressGraph, progress_labels, progress_states
+from credo.credit.proas import (
+    ABSTRACTIONS,
+    ProgressGraph,
+    action_type,
+    progress_labels,
+    progress_states,
+)
 from credo.critics.mistakes import advantage_by_mistake, has_label_rule, label_forest
 from credo.envs.base import Task
 from credo.train.config import load_config
@@ -112,26 +117,21 @@ def proas_rows(f: Any, base: torch.Tensor) -> list[list[str]]:
     return rows
 
 
-def verb_of(action: str) -> str:
-    """The first word of an action, lower-cased (``"click [ 2 ]"`` → ``"click"``)."""
-    m = re.match(r"\s*([A-Za-z_]+)", action)
-    return m.group(1).lower() if m else ""
-
-
 def mistake_rows(
     env_name: str, run: Any, res: Any, advs: dict[str, torch.Tensor], min_actions: int = 10
 ) -> list[list[str]]:
     """The ``--by-mistake`` table: one row per (verb, label) of the forest's labelled
     actions, one column per estimator (the ``ok`` rows: the mean advantage; the others:
-    the gap below ``ok`` of the same verb; both in units of that estimator's σ). Cells
-    with fewer than ``min_actions`` actions (e.g. a garbled verb) are pooled in one last
-    row, whose estimator columns stay empty."""
+    the gap below ``ok`` of the same verb; both in units of that estimator's σ). Verbs
+    are read as ProAS reads them (:func:`~credo.credit.proas.action_type`). Cells with
+    fewer than ``min_actions`` actions (e.g. a garbled verb) are pooled in one last row,
+    whose estimator columns stay empty."""
     try:
         rows, steps = label_forest(env_name, run.make_env, res)
     except ValueError as e:
         raise SystemExit(f"--by-mistake: {e}") from None
     errors = [s.error for s in steps]
-    verbs = [verb_of(s.action) for s in steps]
+    verbs = [action_type(s.action) for s in steps]
     tables = {
         label: advantage_by_mistake(adv[rows].tolist(), errors, verbs)
         for label, adv in advs.items()
