@@ -143,6 +143,24 @@ def test_holder_token_clips_tokens_first():
     torch.testing.assert_close(g, torch.tensor([[1.0, 0.0]], dtype=torch.float64))
 
 
+def test_sequence_clip_pushes_hardest_the_token_already_out_of_range():
+    # The mechanism studies/hpo-clip-multi.yaml measured. Ratios (2, 0.9, 0.9, 0.9),
+    # A = +1, p = 1: ρ = (2 + 2.7)/4 = 1.175 < 1.2, so `holder` clips nothing, and
+    # d(−loss)/d log r_t = ρ · r_t^p / Σ_s r_s^p = r_t / 4: the token at ratio 2 gets
+    # 0.5, each other 0.225 — the token already out of range is pushed hardest.
+    # `holder_token` (and PPO's token clip) give it no gradient at all.
+    inp = _row([2.0, 0.9, 0.9, 0.9], 1.0)
+    loss, _ = get_loss("holder")(inp, **_const(1.0))
+    assert loss.item() == pytest.approx(-1.175)
+    (g,) = torch.autograd.grad(loss, inp.logprobs)
+    torch.testing.assert_close(g, -torch.tensor([[0.5, 0.225, 0.225, 0.225]], dtype=torch.float64))
+    inp = _row([2.0, 0.9, 0.9, 0.9], 1.0)
+    loss, _ = get_loss("holder_token")(inp, **_const(1.0))
+    assert loss.item() == pytest.approx(-(1.2 + 2.7) / 4)
+    (g,) = torch.autograd.grad(loss, inp.logprobs)
+    torch.testing.assert_close(g, -torch.tensor([[0.0, 0.225, 0.225, 0.225]], dtype=torch.float64))
+
+
 def _reference(inp: LossInputs, p: float, eps: float = 0.2) -> torch.Tensor:
     """The authors' math-branch formula written out, one sequence at a time.
 
