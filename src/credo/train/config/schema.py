@@ -322,7 +322,11 @@ class ObjectiveConfig:
         kl_reward_coef: β of a KL *reward penalty*: each step's reward loses
             β·Σ_tokens k(π_old, π_ref) before credit assignment (default 0: none). Uses
             the same reference and estimator as ``kl_coef``; both can be on.
-        entropy_coef: weight of an entropy bonus (default 0).
+        entropy_coef: c_H, weight of an entropy bonus (default 0: none). The loss loses
+            c_H·Σ w·H, H the policy's entropy over the vocabulary at each loss token
+            (at ``rollout.temperature``), w the aggregation weights. On shop/multi
+            0.01 and 0.001 did not narrow GRPO's seed spread
+            (docs/studies/entropy-bonus-multi.md).
         oracle_coef: λ_O, weight of SERO's oracle-continuation loss L_O
             (:mod:`credo.objectives.sero`; default 0: none, the base method exactly).
             Needs ``rollout.oracle_horizon`` ≥ 1.
