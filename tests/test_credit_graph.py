@@ -115,6 +115,26 @@ def test_cycle_max_backup() -> None:
     close(a, [-0.75, 0.0, 0.0, -1.0])
 
 
+def test_solver_error_is_not_normalised_into_advantages() -> None:
+    # one episode: s0 -> s1, then three self-loops on s1 with reward 0.5, truncated.
+    # V(s1) = 0.5 + 0.95 V(s1) = 10, so every δ leaving s1 is 0.5 + 9.5 − 10 = 0 and the
+    # three rows at s1 have A^graph = 0 exactly; s0 is left once (singleton -> 0). Every
+    # row's advantage is the episode term alone. With the Bellman iteration stopped at
+    # 1e-6 (the default until 2026-12-06) V(s1) fell ~2e-5 short, the δ were ~1e-6 and
+    # the on-state normalisation (÷ σ + 1e-6) turned them into advantages 1.05 … 1.94.
+    f = RolloutForest.from_columns(
+        group=[0, 0, 0, 0],
+        parent=[-1, 0, 1, 2],
+        state=[0, 1, 1, 1],
+        next_state=[1, 1, 1, 1],
+        reward=[0.0, 0.5, 0.5, 0.5],
+        terminal=[False, False, False, False],
+    )
+    a = graph(f)
+    episode_only = graph(f, omega=0.0)
+    close(a, episode_only.tolist(), tol=1e-5)
+
+
 def test_similarity_merges_nodes() -> None:
     # two episodes from s0 reach s1 / s2, whose texts are near-identical; from there one
     # ends with reward 1, the other with 0.  Exact keys: V(s1) = 1, V(s2) = 0, so the

@@ -11,9 +11,13 @@ Per group, all rollouts are merged into one directed graph:
   ``similarity_threshold`` τ; see :mod:`credo.credit.state_graph`); edges = rows
   ``state → next_state`` with reward r. A terminal row leads to an absorbing terminal
   node of value 0 (its reward is on the edge); a node without out-edges has value 0.
-- Node values by Bellman iteration from V = 0 until the largest change < ``tol``:
+- Node values by Bellman iteration from V = 0 until the largest change < ``tol`` (relative,
+  per connected part: :func:`~credo.credit.state_graph.bellman_values`):
   ``V(n) ← mean_{e=(n→n')} [r_e + γ V(n')]`` (``backup="mean"``; ``"max"`` takes the best
-  out-edge). γ < 1 makes it converge even on cycles.
+  out-edge). γ < 1 makes it converge even on cycles. ``tol`` defaults to 1e-12: the
+  on-state z-score divides differences of V by σ + ε, so a solver error of 1e-6 became
+  advantages of order 1 at nodes whose rows have equal values (a self-loop of a
+  truncated episode; ``tests/test_credit_graph.py``).
 - Graph GAE: ``δ_t = r_t + γ V(s_{t+1}) − V(s_t)`` and ``A_t = Σ_l (γλ)^l δ_{t+l}`` along
   the episode; on a tree ``A_t = δ_t + γλ · mean_{children c} A_c``.
 - On-state normalisation over the rows leaving the same node (same group):
@@ -135,7 +139,7 @@ def graph(
     lam: float = 0.95,
     omega: float = 1.0,
     backup: str = "mean",
-    tol: float = 1e-6,
+    tol: float = 1e-12,
     max_iters: int = 10_000,
     state_norm: str = "mean_std",
     singleton: str = "zero",
@@ -154,7 +158,7 @@ def graph(
             return minus V(s_t)).
         omega: weight ω of the graph advantage, default 1.0.
         backup: ``"mean"`` (default) or ``"max"`` over a node's out-edges.
-        tol: Bellman iteration stops when the largest value change < tol (default 1e-6).
+        tol: Bellman iteration stops when the largest value change < tol (default 1e-12).
         max_iters: at most this many Bellman sweeps (default 10 000).
         state_norm: on-state normalisation of the graph advantage over rows leaving the
             same node: ``"mean_std"`` (default), ``"mean"`` or ``"none"``.
