@@ -118,10 +118,11 @@ def test_cycle_max_backup() -> None:
 def test_solver_error_is_not_normalised_into_advantages() -> None:
     # one episode: s0 -> s1, then three self-loops on s1 with reward 0.5, truncated.
     # V(s1) = 0.5 + 0.95 V(s1) = 10, so every δ leaving s1 is 0.5 + 9.5 − 10 = 0 and the
-    # three rows at s1 have A^graph = 0 exactly; s0 is left once (singleton -> 0). Every
-    # row's advantage is the episode term alone. With the Bellman iteration stopped at
-    # 1e-6 (the default until 2026-12-06) V(s1) fell ~2e-5 short, the δ were ~1e-6 and
-    # the on-state normalisation (÷ σ + 1e-6) turned them into advantages 1.05 … 1.94.
+    # three rows at s1 have A^graph = 0 exactly; s0 is left once (singleton -> 0). Without
+    # the episode term (episode_norm="none") every advantage is 0. With the iteration
+    # stopped at 1e-6 (the default until 2026-12-06) V(s1) fell ~2e-5 short, the δ were
+    # ~1e-6 and the on-state z-score (÷ σ + 1e-6) made them graph terms of order 1
+    # (advantages 1.05 … 1.94 with the episode term, where 1.50 is exact).
     f = RolloutForest.from_columns(
         group=[0, 0, 0, 0],
         parent=[-1, 0, 1, 2],
@@ -130,9 +131,9 @@ def test_solver_error_is_not_normalised_into_advantages() -> None:
         reward=[0.0, 0.5, 0.5, 0.5],
         terminal=[False, False, False, False],
     )
-    a = graph(f)
-    episode_only = graph(f, omega=0.0)
-    close(a, episode_only.tolist(), tol=1e-5)
+    close(graph(f, episode_norm="none"), [0.0, 0.0, 0.0, 0.0])
+    with pytest.raises(AssertionError):  # the earlier tolerance
+        close(graph(f, episode_norm="none", tol=1e-6), [0.0, 0.0, 0.0, 0.0], tol=0.1)
 
 
 def test_similarity_merges_nodes() -> None:
