@@ -14,10 +14,10 @@ Per group, all rollouts are merged into one directed graph:
 - Node values by Bellman iteration from V = 0 until the largest change < ``tol`` (relative,
   per connected part: :func:`~credo.credit.state_graph.bellman_values`):
   ``V(n) ← mean_{e=(n→n')} [r_e + γ V(n')]`` (``backup="mean"``; ``"max"`` takes the best
-  out-edge). γ < 1 makes it converge even on cycles. ``tol`` defaults to 1e-12: the
-  on-state z-score divides differences of V by σ + ε, so a solver error of 1e-6 became
-  advantages of order 1 at nodes whose rows have equal values (a self-loop of a
-  truncated episode; ``tests/test_credit_graph.py``).
+  out-edge). γ < 1 makes it converge even on cycles. ``tol`` defaults to 1e-15 (float64's
+  resolution): the on-state z-score divides differences of V by σ + ε, so a solver error
+  of 1e-6 became advantages of order 1 at nodes whose rows have equal values (a self-loop
+  of a truncated episode; ``tests/test_credit_graph.py``), and 1e-10 still 5e-4.
 - Graph GAE: ``δ_t = r_t + γ V(s_{t+1}) − V(s_t)`` and ``A_t = Σ_l (γλ)^l δ_{t+l}`` along
   the episode; on a tree ``A_t = δ_t + γλ · mean_{children c} A_c``.
 - On-state normalisation over the rows leaving the same node (same group):
@@ -139,7 +139,7 @@ def graph(
     lam: float = 0.95,
     omega: float = 1.0,
     backup: str = "mean",
-    tol: float = 1e-12,
+    tol: float = 1e-15,
     max_iters: int = 10_000,
     state_norm: str = "mean_std",
     singleton: str = "zero",
@@ -158,7 +158,8 @@ def graph(
             return minus V(s_t)).
         omega: weight ω of the graph advantage, default 1.0.
         backup: ``"mean"`` (default) or ``"max"`` over a node's out-edges.
-        tol: Bellman iteration stops when the largest value change < tol (default 1e-12).
+        tol: Bellman iteration stops when the largest value change < tol · (1 + max |V|)
+            (default 1e-15: float64's resolution).
         max_iters: at most this many Bellman sweeps (default 10 000).
         state_norm: on-state normalisation of the graph advantage over rows leaving the
             same node: ``"mean_std"`` (default), ``"mean"`` or ``"none"``.

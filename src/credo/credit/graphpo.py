@@ -90,7 +90,7 @@ def graphpo_out_edge_advantage(
     value: str = "mc",
     gamma: float = 0.95,
     backup: str = "mean",
-    tol: float = 1e-12,
+    tol: float = 1e-15,
     max_iters: int = 10_000,
 ) -> torch.Tensor:
     """Raw out-edge correctness advantage ``Q(e) − V(n)`` per row → ``[N]`` float64.
@@ -199,7 +199,7 @@ def graphpo(
     revisit: str = "count",
     gamma: float = 0.95,
     backup: str = "mean",
-    tol: float = 1e-12,
+    tol: float = 1e-15,
     max_iters: int = 10_000,
     similarity_threshold: float | None = None,
     eps: float = 1e-6,
@@ -224,7 +224,7 @@ def graphpo(
             ``"skip"``-ped: A_in = 0 and left out of the others' z-score.
         gamma: discount for ``value="bellman"``, default 0.95 (unused by ``"mc"``).
         backup: ``"mean"`` (default) or ``"max"``, for ``value="bellman"``.
-        tol: Bellman convergence tolerance, default 1e-12 (see :mod:`credo.credit.graph`).
+        tol: Bellman convergence tolerance, default 1e-15 (see :mod:`credo.credit.graph`).
         max_iters: Bellman sweep limit, default 10 000.
         similarity_threshold: None (default, exact keys) or τ in (0, 1]: merge states with
             similar observation texts (needs ``forest.observations``).
