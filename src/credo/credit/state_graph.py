@@ -231,7 +231,7 @@ def bellman_values(
 
     The estimators normalise differences of these values per node (÷ σ + ε), which
     magnifies the solver's error by up to 1/ε: the default ``tol`` is 1e-15 (float64's
-    resolution, about 5 units in the last place), not the 1e-6 of a plain value
+    resolution: a few units in the last place), not the 1e-6 of a plain value
     iteration (``docs/algorithms.md``). At γ = 0.95 that is about 700 sweeps.
 
     For speed the graph is cut, at node ids that no edge spans, into blocks of about
