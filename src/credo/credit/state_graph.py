@@ -349,6 +349,10 @@ def _iterate(
     v = torch.zeros(k, dtype=torch.float64)
     new = torch.empty_like(v)
     diff = torch.empty_like(v)
+    mag = torch.empty_like(v)
+    change = torch.empty_like(v)  # per part, at its root's id
+    size = torch.empty_like(v)  # per part, at its root's id
+    node_change = torch.empty_like(v)  # each node's part's change
     q = torch.empty_like(r)
     for _ in range(max_iters):
         torch.index_select(v, 0, d, out=q)
@@ -359,12 +363,13 @@ def _iterate(
             new.fill_(float("-inf")).scatter_reduce_(0, s, q, reduce="amax")
             new.masked_fill_(no_out, 0.0)
         torch.sub(new, v, out=diff).abs_()
-        change = torch.zeros_like(v).scatter_reduce_(0, part, diff, reduce="amax")
-        size = torch.zeros_like(v).scatter_reduce_(0, part, new.abs(), reduce="amax")
+        change.zero_().scatter_reduce_(0, part, diff, reduce="amax")
+        size.zero_().scatter_reduce_(0, part, torch.abs(new, out=mag), reduce="amax")
         change.div_(size.add_(1.0))  # relative to 1 + the part's largest |V|
+        torch.index_select(change, 0, part, out=node_change)
         torch.where(active, new, v, out=v)
-        last = torch.where(active, change[part], last)
-        active &= change[part] >= tol
+        torch.where(active, node_change, last, out=last)
+        active &= node_change >= tol
         if not active.any():
             break
     return v, float(last.max())
