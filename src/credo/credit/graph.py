@@ -45,6 +45,7 @@ import torch
 from credo.credit.grpo import episode_group_advantage
 from credo.credit.registry import register_estimator
 from credo.credit.state_graph import (
+    BELLMAN_TOL,
     bellman_values,
     check_similarity_threshold,
     state_nodes,
@@ -139,7 +140,7 @@ def graph(
     lam: float = 0.95,
     omega: float = 1.0,
     backup: str = "mean",
-    tol: float = 1e-15,
+    tol: float = BELLMAN_TOL,
     max_iters: int = 10_000,
     state_norm: str = "mean_std",
     singleton: str = "zero",

@@ -52,7 +52,13 @@ import torch
 
 from credo.credit.graph import check_choice, episode_term, normalise_by_node
 from credo.credit.registry import register_estimator
-from credo.credit.state_graph import StateNodes, bellman_values, path_prefix_sum, state_nodes
+from credo.credit.state_graph import (
+    BELLMAN_TOL,
+    StateNodes,
+    bellman_values,
+    path_prefix_sum,
+    state_nodes,
+)
 from credo.data import RolloutForest
 from credo.data.ops import segment_mean, segment_zscore
 
@@ -90,7 +96,7 @@ def graphpo_out_edge_advantage(
     value: str = "mc",
     gamma: float = 0.95,
     backup: str = "mean",
-    tol: float = 1e-15,
+    tol: float = BELLMAN_TOL,
     max_iters: int = 10_000,
 ) -> torch.Tensor:
     """Raw out-edge correctness advantage ``Q(e) − V(n)`` per row → ``[N]`` float64.
@@ -199,7 +205,7 @@ def graphpo(
     revisit: str = "count",
     gamma: float = 0.95,
     backup: str = "mean",
-    tol: float = 1e-15,
+    tol: float = BELLMAN_TOL,
     max_iters: int = 10_000,
     similarity_threshold: float | None = None,
     eps: float = 1e-6,

@@ -42,6 +42,7 @@ from credo.data import RolloutForest
 from credo.data.ops import compact_ids, segment_count
 
 __all__ = [
+    "BELLMAN_TOL",
     "StateNodes",
     "bellman_values",
     "check_similarity_threshold",
@@ -202,6 +203,11 @@ def _embedding_nodes(
     return StateNodes(ids[:n], ids[n:], k2)
 
 
+#: the Bellman iteration's default relative tolerance: float64's resolution, as the
+#: estimators normalise differences of the values (see :func:`bellman_values`)
+BELLMAN_TOL = 1e-15
+
+
 def bellman_values(
     src: torch.Tensor,
     dst: torch.Tensor,
@@ -211,7 +217,7 @@ def bellman_values(
     *,
     gamma: float,
     backup: str = "mean",
-    tol: float = 1e-15,
+    tol: float = BELLMAN_TOL,
     max_iters: int = 10_000,
     block_edges: int = 1 << 17,
 ) -> torch.Tensor:
