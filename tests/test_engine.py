@@ -122,7 +122,10 @@ def _shifted_batch(policy, shift: float):  # type: ignore[no-untyped-def]
 
 def _update(policy, batch, overrides: list[str]):  # type: ignore[no-untyped-def]
     one_step = "optim.minibatches=1"  # the default four steps would mix the ratio into the step
-    cfg = load_config("grpo", ["sft.enabled=false", "optim.grad_clip=1e9", one_step, *overrides])
+    unguarded = "optim.max_kl=null"  # SGD at lr 1 on a toy batch: the trust region would undo it
+    cfg = load_config(
+        "grpo", ["sft.enabled=false", "optim.grad_clip=1e9", one_step, unguarded, *overrides]
+    )
     opt = torch.optim.SGD(policy.model.parameters(), lr=1.0)
     before = [p.detach().clone() for p in policy.model.parameters()]
     m = policy_update(update_context(cfg, policy, opt), batch, iteration=0, generator=None)

@@ -92,7 +92,11 @@ def teacher_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _overrides(case: str, teacher: Path, tmp: Path) -> list[str]:
     recipe, extra = CASES[case]
-    out = [*SMALL, *extra, f"train.runs_dir={tmp}", f"train.name={case}"]
+    # the routes' mechanism, as calibrated before the trust region became the default
+    # (2026-12-06): with optim.max_kl=0.2 row_reward's run went 0.19 -> 0.16 and its
+    # control (RL alone) ended at 0.36, where it reaches 1.7-1.9 without the bound
+    unguarded = "optim.max_kl=null"
+    out = [*SMALL, unguarded, *extra, f"train.runs_dir={tmp}", f"train.name={case}"]
     return out + ([f"teacher.path={teacher}"] if recipe in NEEDS_PATH else [])
 
 

@@ -47,7 +47,8 @@ def _policy() -> HFPolicy:
 
 
 def _run(overrides: list[str], policy: HFPolicy, ref: HFPolicy | None = None) -> dict:
-    cfg = load_config("grpo", ["sft.enabled=false", *overrides])
+    # the update's arithmetic, without the trust region (tests/test_update_guard.py)
+    cfg = load_config("grpo", ["sft.enabled=false", "optim.max_kl=null", *overrides])
     # plain SGD: the parameter change is the gradient itself (Adam would amplify rounding
     # noise on near-zero gradients)
     opt = torch.optim.SGD(policy.model.parameters(), lr=1.0)
@@ -82,7 +83,9 @@ def test_kl_to_an_identical_reference_is_zero_and_entropy_bonus_changes_the_step
 
 def test_epochs_and_minibatches_take_that_many_steps() -> None:
     pol = _policy()
-    cfg = load_config("grpo", ["sft.enabled=false", "optim.epochs=2", "optim.minibatches=2"])
+    cfg = load_config(
+        "grpo", ["sft.enabled=false", "optim.max_kl=null", "optim.epochs=2", "optim.minibatches=2"]
+    )
     opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-3)
     policy_update(
         update_context(cfg, pol, opt),
@@ -97,7 +100,7 @@ def test_epochs_and_minibatches_take_that_many_steps() -> None:
 def test_zero_advantages_leave_the_policy_unchanged_with_token_ratios() -> None:
     pol = _policy()
     before = [p.detach().clone() for p in pol.model.parameters()]
-    cfg = load_config("grpo", ["sft.enabled=false"])
+    cfg = load_config("grpo", ["sft.enabled=false", "optim.max_kl=null"])
     opt = torch.optim.SGD(pol.model.parameters(), lr=1.0)
     batch = _batch()
     batch.advantages.zero_()

@@ -37,7 +37,7 @@ def _k3(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 
 def test_a_loose_guard_changes_nothing_and_reports_the_kl_after_the_step() -> None:
     plain, guarded = _policy(), _policy()
-    m0 = _update(_ctx(["optim.epochs=2", "optim.minibatches=2"], plain))
+    m0 = _update(_ctx(["optim.epochs=2", "optim.minibatches=2", "optim.max_kl=null"], plain))
     m1 = _update(_ctx(["optim.epochs=2", "optim.minibatches=2", "optim.max_kl=1e9"], guarded))
     for a, b in zip(plain.model.parameters(), guarded.model.parameters()):
         assert torch.equal(a, b)
@@ -57,7 +57,7 @@ def test_a_loose_guard_changes_nothing_and_reports_the_kl_after_the_step() -> No
 def test_a_step_past_the_bound_is_undone_weights_and_optimizer_state() -> None:
     pol = _policy()
     opt = torch.optim.AdamW(pol.model.parameters(), lr=0.05)
-    _update(_ctx([], pol, opt))  # the optimizer has moments to restore
+    _update(_ctx(["optim.max_kl=null"], pol, opt))  # the optimizer has moments to restore
     weights, state = _weights(pol), copy.deepcopy(opt.state_dict())
     m = _update(_ctx(["optim.minibatches=2", "optim.max_kl=1e-12"], pol, opt), seed=1)
     assert m["policy/steps_kept"] == 0 and m["policy/steps_undone"] == 1
@@ -96,12 +96,22 @@ def test_the_crossing_step_is_undone_and_the_rest_skipped(
     assert not all(torch.equal(a, b) for a, b in zip(final, after_step[1]))
 
 
-def test_max_kl_values_and_sharded_engines_are_refused_in_one_line() -> None:
+def test_max_kl_values_are_refused_in_one_line_and_sharded_engines_leave_it_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for bad in ("0", "-0.5"):
         with pytest.raises(ConfigError, match=r"optim.max_kl must be a number > 0 or null"):
             load_config("grpo", [f"optim.max_kl={bad}"])
     for bad in ("true", "x"):
         with pytest.raises(ConfigError, match=r"optim.max_kl: expected a number"):
             load_config("grpo", [f"optim.max_kl={bad}"])
-    with pytest.raises(ValueError, match=r"optim.max_kl=0.05 with .*not supported"):
-        fsdp.check_config(load_config("grpo", ["optim.max_kl=0.05"]))
+    default = load_config("grpo")
+    assert default.optim.max_kl == 0.2  # on by default (docs/results.md#the-default-run)
+    assert trust_region._wanted(default)
+    assert not trust_region._wanted(load_config("grpo", ["optim.max_kl=null"]))
+    fsdp.check_config(default)  # no longer refused: left off, with one line
+    assert fsdp.notices(load_config("grpo", ["optim.max_kl=null"])) == []
+    [line] = fsdp.notices(default, "accelerate's FSDP (ACCELERATE_USE_FSDP=true)")
+    assert line.startswith("optim.max_kl=0.2 is off with accelerate's FSDP") and "null" in line
+    monkeypatch.setattr(trust_region.dp, "sharded", lambda: True)
+    assert not trust_region._wanted(default)  # the part is not built on sharded state

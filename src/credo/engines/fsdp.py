@@ -63,6 +63,7 @@ __all__ = [
     "copy_full_weights",
     "gathered_optimizer",
     "idle_loss",
+    "notices",
     "plain_norm",
     "requested",
     "settings",
@@ -193,12 +194,18 @@ def check_config(cfg: Any, what: str = "accelerate's FSDP (ACCELERATE_USE_FSDP=t
             f"rollout.engine={cfg.rollout.engine} with {what} is not supported (untested); "
             "use rollout.engine=hf or plain data parallelism"
         )
-    if cfg.optim.max_kl is not None:
-        raise ValueError(
-            f"optim.max_kl={cfg.optim.max_kl} with {what} is not supported: undoing a step "
-            "copies the optimizer's state, which the engine shards; use optim.max_kl=null "
-            "or plain data parallelism"
-        )
+
+
+def notices(cfg: Any, what: str = "accelerate's FSDP (ACCELERATE_USE_FSDP=true)") -> list[str]:
+    """The run options a sharded run leaves off, each as the line the run prints: the trust
+    region ``optim.max_kl`` (on by default; undoing a step copies the optimizer's state,
+    which the engine shards, so :mod:`credo.train.parts.trust_region` is not built)."""
+    if cfg.optim.max_kl is None:
+        return []
+    return [
+        f"optim.max_kl={cfg.optim.max_kl} is off with {what}: undoing a step copies the "
+        "optimizer's state, which the engine shards (optim.max_kl=null silences this)"
+    ]
 
 
 def _layer_classes(model: torch.nn.Module, chosen: tuple[str, ...]) -> set[str]:

@@ -329,7 +329,7 @@ def _nonfinite_message(key: str, value: float, it: int) -> str:
         causes = (
             "the policy's logits hold inf or NaN at some loss token: half precision "
             "overflowing (model.dtype=float32 avoids it) or weights diverging (lower "
-            "optim.lr; optim.max_kl bounds each step)"
+            "optim.lr; a tighter optim.max_kl bounds each step)"
         )
     else:
         causes = (
@@ -369,7 +369,7 @@ def _invalid_rising_message(
         )
     causes.append(
         "updates too large for the policy: lower optim.lr or optim.epochs, or bound each "
-        "step with optim.max_kl"
+        "step tighter with optim.max_kl (default 0.2)"
     )
     if not _setting(cfg, "objective", "kl_coef", 0.0):
         causes.append(
@@ -389,7 +389,7 @@ def _entropy_rising_message(
 ) -> str:
     causes = [
         "updates too large for the policy: lower optim.lr or optim.epochs, or bound each "
-        "step with optim.max_kl"
+        "step tighter with optim.max_kl (default 0.2)"
     ]
     bonus = _setting(cfg, "objective", "entropy_coef", 0.0)
     if bonus:
@@ -423,7 +423,7 @@ def _repeated_message(record: dict[str, Any], streak: int, cfg: Any) -> str:
             "onto it: set rollout.invalid_penalty, e.g. 0.1"
         )
     causes.append(
-        "updates too large (lower optim.lr, or optim.max_kl), or nothing holding the policy "
+        "updates too large (lower optim.lr or optim.max_kl), or nothing holding the policy "
         "near its warm start (objective.kl_coef)"
     )
     causes.append(

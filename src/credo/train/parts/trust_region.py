@@ -2,7 +2,8 @@
 is scored on the mini-batch it stepped on, and a step whose KL to the sampler (k3, token
 mean) exceeds ``max_kl`` is undone (weights and optimizer state) and the update's
 remaining steps skipped. Metrics ``policy/kl_after_step``, ``policy/steps_kept``,
-``policy/steps_undone``. Refused under FSDP and ZeRO (the optimizer state is sharded)."""
+``policy/steps_undone``. On by default (0.2); not built under FSDP and ZeRO, which shard the
+optimizer's state (the run prints :func:`credo.engines.fsdp.notices`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 
 from credo.data import TokenBatch
+from credo.engines import distributed as dp
 from credo.objectives.health import sampler_kl
 from credo.policy.lora import trainable_parameters
 from credo.train.parts.base import Part, PartContext, register_part
@@ -61,7 +63,12 @@ def _kl_after_step(
     return float(kl) / max(1.0, float(mask.sum()))
 
 
-@register_part("trust_region", when=lambda cfg: cfg.optim.max_kl is not None)
+def _wanted(cfg: Any) -> bool:
+    """``optim.max_kl`` is set and the optimizer's state is whole on every process."""
+    return cfg.optim.max_kl is not None and not dp.sharded()
+
+
+@register_part("trust_region", when=_wanted)
 class TrustRegion(Part):
     """Undo the step that crossed ``max_kl`` and stop the update (module docstring)."""
 
