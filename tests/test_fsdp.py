@@ -216,6 +216,8 @@ def assert_sharded_run(full: Path, sharding: str, iterations: int) -> list[dict[
     records = _metrics(full)
     assert [r["iteration"] for r in records] == list(range(iterations))
     assert all(r["policy/grad_norm"] > 0 for r in records)
+    # the default trust region (optim.max_kl) is not built on a sharded optimizer state
+    assert not any("policy/steps_kept" in r for r in records)
     assert_full_checkpoints(full)
     return records
 
@@ -268,6 +270,7 @@ def test_accelerate_fsdp_train_and_resume(tmp_path: Path) -> None:
     )
     full = tmp_path / "full"
     assert out.count("run folder:") == 1
+    assert out.count("optim.max_kl=0.2 is off with accelerate's FSDP") == 1  # rank 0 alone
     # the launcher's ACCELERATE_USE_FSDP reached credo: the trainer was sharded
     records = assert_sharded_run(full, "fsdp", iterations)
     assert not list((full / "ranks").rglob("checkpoints"))

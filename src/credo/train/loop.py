@@ -137,8 +137,8 @@ def _train(
             check_parts(cfg, run)  # e.g. a bad teacher folder stops before any run folder
             if dp.sharded():  # accelerate's FSDP/DeepSpeed: what they cannot train stops here
                 fsdp.check_config(cfg, dp.sharding_name())
-                for line in fsdp.notices(cfg, dp.sharding_name()):
-                    progress.warn(line)
+                for line in fsdp.notices(cfg, dp.sharding_name()) if main else []:
+                    progress.warn(line)  # once, from rank 0
             if not resume:  # a wrong env or model has stopped before any folder exists
                 lock = dp.main_first(lambda: _new_run_dir(run_dir, progress) if main else None)
     except KeyboardInterrupt:
