@@ -236,7 +236,7 @@ def sharding_name() -> str:
     """The sharding engine the launcher asked for, as error messages name it."""
     if zero.requested():
         return f"accelerate's DeepSpeed ZeRO-{zero.stage()} (ACCELERATE_USE_DEEPSPEED=true)"
-    return "accelerate's FSDP (ACCELERATE_USE_FSDP=true)"
+    return fsdp.NAME
 
 
 def barrier() -> None:

@@ -57,6 +57,7 @@ from credo.policy.hf import HFPolicy
 
 __all__ = [
     "FSDP_ENV",
+    "NAME",
     "FsdpSettings",
     "FullStateOptimizer",
     "check_config",
@@ -69,6 +70,9 @@ __all__ = [
     "settings",
     "shard_policy",
 ]
+
+#: The engine as messages name it (:func:`credo.engines.distributed.sharding_name`).
+NAME = "accelerate's FSDP (ACCELERATE_USE_FSDP=true)"
 
 #: What ``accelerate launch`` sets for an FSDP config.
 FSDP_ENV = "ACCELERATE_USE_FSDP"
@@ -169,7 +173,7 @@ def _reshard_value(env: Mapping[str, str]) -> str:
     return env.get("FSDP_SHARDING_STRATEGY", "").strip() or reshard or "true"
 
 
-def check_config(cfg: Any, what: str = "accelerate's FSDP (ACCELERATE_USE_FSDP=true)") -> None:
+def check_config(cfg: Any, what: str = NAME) -> None:
     """Refuse, in one line, the run options a sharded run (FSDP, or ``what`` names another
     engine: DeepSpeed ZeRO) does not support.
 
@@ -196,7 +200,7 @@ def check_config(cfg: Any, what: str = "accelerate's FSDP (ACCELERATE_USE_FSDP=t
         )
 
 
-def notices(cfg: Any, what: str = "accelerate's FSDP (ACCELERATE_USE_FSDP=true)") -> list[str]:
+def notices(cfg: Any, what: str = NAME) -> list[str]:
     """The run options a sharded run leaves off, each as the line the run prints: the trust
     region ``optim.max_kl`` (on by default; undoing a step copies the optimizer's state,
     which the engine shards, so :mod:`credo.train.parts.trust_region` is not built)."""
