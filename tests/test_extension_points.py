@@ -17,7 +17,16 @@ from credo.rollout import SAMPLERS, TreeParams, register_sampler, sample_trees
 from credo.teachers import ROUTES, register_route
 from credo.train.config import ConfigError, load_config
 from credo.train.iteration import run_iteration
-from credo.train.parts import PARTS, IterationData, Part, PartContext, register_part
+from credo.train.parts import (
+    PARTS,
+    IterationData,
+    Part,
+    PartContext,
+    Unsharded,
+    check_sharded,
+    register_part,
+)
+from credo.train.parts import base as parts_base
 from credo.train.run import build_run
 from credo.train.state import TrainState
 from small_run import SMALL
@@ -138,3 +147,37 @@ def test_a_part_registered_outside_the_package_runs_in_its_stages(
     assert record["test/reward_mean"] >= 1.0  # the env's rewards (≥ 0 here) plus one
     assert state.parts.reward[-1] is part and state.parts.after_update[-1] is part
     assert part not in state.parts.transform  # it overrides reward and after_update only
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_part_declares_it_needs_the_whole_optimizer_state(
+    refuse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Declared at registration (``unsharded=``), not named by the trainer: on sharded state
+    the part is left off with one line naming its setting, or the run is refused in one."""
+    rule = Unsharded("objective.entropy_coef", "0", "it copies AdamW's moments", refuse=refuse)
+    register_part("test_whole", when=lambda cfg: cfg.objective.entropy_coef > 0, unsharded=rule)(
+        Bonus
+    )
+    try:
+        cfg = load_config("grpo", ["optim.max_kl=null", "objective.entropy_coef=0.01"])
+        assert "test_whole" in [s.name for s in parts_base._configured(cfg)]  # unsharded: built
+        monkeypatch.setattr(parts_base.dp, "sharded", lambda: True)
+        assert "test_whole" not in [s.name for s in parts_base._configured(cfg)]
+        if refuse:
+            with pytest.raises(ValueError, match=r"^objective.entropy_coef=0.01 \(test_whole\) "):
+                check_sharded(cfg, "DeepSpeed ZeRO")
+        else:
+            assert check_sharded(cfg, "DeepSpeed ZeRO") == [
+                "objective.entropy_coef=0.01 is off with DeepSpeed ZeRO: it copies AdamW's "
+                "moments (objective.entropy_coef=0 silences this)"
+            ]
+        assert check_sharded(load_config("grpo", ["optim.max_kl=null"]), "ZeRO") == []
+    finally:
+        PARTS.unregister("test_whole")
+
+
+def test_sero_is_refused_on_sharded_state_in_one_line() -> None:
+    cfg = load_config("grpo", ["rollout.oracle_horizon=2"])
+    with pytest.raises(ValueError, match=r"rollout.oracle_horizon=2 \(oracle_rows\) with acc"):
+        check_sharded(cfg, "accelerate's FSDP")

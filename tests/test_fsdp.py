@@ -317,7 +317,6 @@ def test_fsdp_settings_from_accelerate() -> None:
     ("overrides", "says"),
     [
         (["model.lora={r: 4}"], "model.lora with accelerate's FSDP"),
-        (["rollout.oracle_horizon=2"], "rollout.oracle_horizon=2 \\(SERO\\)"),
         ([], "rollout.engine=vllm with accelerate's FSDP"),
     ],
 )

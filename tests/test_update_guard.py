@@ -10,7 +10,8 @@ import torch
 from credo.engines import fsdp
 from credo.train import update as upd
 from credo.train.config import ConfigError, load_config
-from credo.train.parts import trust_region, update_context
+from credo.train.parts import base as parts_base
+from credo.train.parts import check_sharded, trust_region, update_context
 from credo.train.update import UpdateContext, policy_update
 from test_update import _batch, _policy
 
@@ -107,11 +108,16 @@ def test_max_kl_values_are_refused_in_one_line_and_sharded_engines_leave_it_off(
             load_config("grpo", [f"optim.max_kl={bad}"])
     default = load_config("grpo")
     assert default.optim.max_kl == 0.2  # on by default (docs/results.md#the-default-run)
-    assert trust_region._wanted(default)
-    assert not trust_region._wanted(load_config("grpo", ["optim.max_kl=null"]))
+    off = load_config("grpo", ["optim.max_kl=null"])
+    assert "trust_region" in _names(default) and "trust_region" not in _names(off)
     fsdp.check_config(default)  # no longer refused: left off, with one line
-    assert fsdp.notices(load_config("grpo", ["optim.max_kl=null"])) == []
-    [line] = fsdp.notices(default)
+    assert check_sharded(off, "accelerate's FSDP") == []
+    [line] = check_sharded(default, "accelerate's FSDP")
     assert line.startswith("optim.max_kl=0.2 is off with accelerate's FSDP") and "null" in line
-    monkeypatch.setattr(trust_region.dp, "sharded", lambda: True)
-    assert not trust_region._wanted(default)  # the part is not built on sharded state
+    monkeypatch.setattr(parts_base.dp, "sharded", lambda: True)
+    assert "trust_region" not in _names(default)  # the part is not built on sharded state
+
+
+def _names(cfg: object) -> list[str]:
+    """The parts a run with ``cfg`` builds (the registry's answer, no part named)."""
+    return [spec.name for spec in parts_base._configured(cfg)]

@@ -64,7 +64,6 @@ __all__ = [
     "copy_full_weights",
     "gathered_optimizer",
     "idle_loss",
-    "notices",
     "plain_norm",
     "requested",
     "settings",
@@ -177,39 +176,24 @@ def check_config(cfg: Any, what: str = NAME) -> None:
     """Refuse, in one line, the run options a sharded run (FSDP, or ``what`` names another
     engine: DeepSpeed ZeRO) does not support.
 
+    The run's parts declare their own (:class:`credo.train.parts.base.Unsharded`:
+    SERO's oracle rows are refused, the trust region is left off).
+
     Raises:
         ValueError: LoRA (its optimizer state is already small: plain data parallelism
-            fits), SERO's oracle rows (their micro-batches are not padded to equal
-            passes), or the vLLM engine (its weight sync reads the sampling copy but has
-            not been run with FSDP).
+            fits) or the vLLM engine (its weight sync reads the sampling copy but has not
+            been run with FSDP).
     """
     if cfg.model.lora is not None:
         raise ValueError(
             f"model.lora with {what}: LoRA's optimizer state is only the adapters'; train "
             "it with plain data parallelism (accelerate launch --multi_gpu or torchrun)"
         )
-    if cfg.rollout.oracle_horizon > 0:
-        raise ValueError(
-            f"rollout.oracle_horizon={cfg.rollout.oracle_horizon} (SERO) with {what} is not "
-            "supported; use plain data parallelism or rollout.oracle_horizon=0"
-        )
     if cfg.rollout.engine != "hf":
         raise ValueError(
             f"rollout.engine={cfg.rollout.engine} with {what} is not supported (untested); "
             "use rollout.engine=hf or plain data parallelism"
         )
-
-
-def notices(cfg: Any, what: str = NAME) -> list[str]:
-    """The run options a sharded run leaves off, each as the line the run prints: the trust
-    region ``optim.max_kl`` (on by default; undoing a step copies the optimizer's state,
-    which the engine shards, so :mod:`credo.train.parts.trust_region` is not built)."""
-    if cfg.optim.max_kl is None:
-        return []
-    return [
-        f"optim.max_kl={cfg.optim.max_kl} is off with {what}: undoing a step copies the "
-        "optimizer's state, which the engine shards (optim.max_kl=null silences this)"
-    ]
 
 
 def _layer_classes(model: torch.nn.Module, chosen: tuple[str, ...]) -> set[str]:

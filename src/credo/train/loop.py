@@ -42,7 +42,7 @@ from credo.train.finish import remove_final_leftovers, save_final_policy, write_
 from credo.train.health import HealthMonitor
 from credo.train.iteration import run_iteration
 from credo.train.logging import MetricsLog, plot_curves, read_metrics
-from credo.train.parts import check_parts
+from credo.train.parts import check_parts, check_sharded
 from credo.train.progress import Progress, StopOnInterrupt, interrupt_on_term
 from credo.train.run import Run, build_run
 from credo.train.state import TrainState
@@ -137,7 +137,8 @@ def _train(
             check_parts(cfg, run)  # e.g. a bad teacher folder stops before any run folder
             if dp.sharded():  # accelerate's FSDP/DeepSpeed: what they cannot train stops here
                 fsdp.check_config(cfg, dp.sharding_name())
-                for line in fsdp.notices(cfg, dp.sharding_name()) if main else []:
+                left_off = check_sharded(cfg, dp.sharding_name())  # every rank: it may refuse
+                for line in left_off if main else []:
                     progress.warn(line)  # once, from rank 0
             if not resume:  # a wrong env or model has stopped before any folder exists
                 lock = dp.main_first(lambda: _new_run_dir(run_dir, progress) if main else None)

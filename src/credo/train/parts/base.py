@@ -31,9 +31,12 @@ A part registers with what it needs::
 ``when(cfg)`` says whether the config asks for it; ``needs`` (or ``needs(cfg)``) what the
 run must prepare for it (``"reference"``: the frozen reference); ``texts(cfg)`` the per-step
 texts the sampler must record for it; ``check(cfg, run)`` checks its inputs before any run
-folder exists (a teacher's folders against the student). The run asks the registry
-(:func:`run_needs`, :func:`rollout_texts`, :func:`check_parts`, :func:`build_parts`),
-never a part's name. Within each stage the parts run in the order they registered.
+folder exists (a teacher's folders against the student); ``unsharded`` (an
+:class:`Unsharded`) that it needs the optimizer's state whole on every process, which
+accelerate's FSDP and DeepSpeed ZeRO shard: such a run leaves it off with one printed line,
+or is refused. The run asks the registry (:func:`run_needs`, :func:`rollout_texts`,
+:func:`check_parts`, :func:`check_sharded`, :func:`build_parts`), never a part's name.
+Within each stage the parts run in the order they registered.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import torch
 
 from credo.data import RolloutForest, TokenBatch
 from credo.engines import Engine
+from credo.engines import distributed as dp
 from credo.envs.base import Task
 from credo.objectives import loss_needs
 from credo.rollout import RolloutResult
@@ -150,6 +154,32 @@ class Part(UpdatePart):
 
 
 @dataclass(frozen=True)
+class Unsharded:
+    """A part's declaration that it cannot run where the optimizer's state is sharded over
+    the processes (accelerate's FSDP, DeepSpeed ZeRO: :func:`credo.engines.distributed.sharded`).
+
+    Attributes:
+        setting: the config key that asks for the part (``"optim.max_kl"``), for messages.
+        off: the value of ``setting`` that turns the part off (``"null"``, ``"0"``).
+        why: what it needs that the engine does not give, as messages say it.
+        refuse: ``True``: a sharded run with the part is refused before any work;
+            ``False``: the part is left off and the run prints one line (a part on by
+            default must not stop a sharded run).
+    """
+
+    setting: str
+    off: str
+    why: str
+    refuse: bool = False
+
+    def value(self, cfg: Any) -> Any:
+        """The setting's value in ``cfg``."""
+        for key in self.setting.split("."):
+            cfg = getattr(cfg, key)
+        return cfg
+
+
+@dataclass(frozen=True)
 class PartSpec:
     """A registered part and what it declared (:func:`register_part`)."""
 
@@ -159,6 +189,7 @@ class PartSpec:
     needs: Callable[[Any], Iterable[str]]
     texts: Callable[[Any], Iterable[str]]
     check: Callable[[Any, Run], None] | None = None
+    unsharded: Unsharded | None = None
 
     @property
     def update_only(self) -> bool:
@@ -186,6 +217,7 @@ def register_part(
     needs: Iterable[str] | Callable[[Any], Iterable[str]] = (),
     texts: Callable[[Any], Iterable[str]] = _nothing,
     check: Callable[[Any, Run], None] | None = None,
+    unsharded: Unsharded | None = None,
 ) -> Callable[[Callable[[PartContext], Part | None]], Callable[[PartContext], Part | None]]:
     """Decorator: register a part class (or a function ``build(ctx) -> Part | None``).
 
@@ -196,19 +228,53 @@ def register_part(
         texts: ``texts(cfg)``: the per-step texts the sampler must record for it.
         check: ``check(cfg, run)``: raise ``ValueError`` on bad inputs, before any run
             folder exists.
+        unsharded: it needs the optimizer's state whole (:class:`Unsharded`): left off,
+            or refused, where FSDP or ZeRO shards it (default: it runs sharded too).
     """
     need_fn = needs if callable(needs) else (lambda cfg, fixed=tuple(needs): fixed)
 
     def deco(build: Callable[[PartContext], Part | None]) -> Callable[[PartContext], Part | None]:
-        PARTS.register(name)(PartSpec(name, build, when, need_fn, texts, check))
+        PARTS.register(name)(PartSpec(name, build, when, need_fn, texts, check, unsharded))
         return build
 
     return deco
 
 
-def _configured(cfg: Any) -> list[PartSpec]:
+def _asked(cfg: Any) -> list[PartSpec]:
     """The registered parts the config asks for, in registration order."""
     return [spec for spec in (PARTS.get(n) for n in PARTS.registered()) if spec.when(cfg)]
+
+
+def _configured(cfg: Any) -> list[PartSpec]:
+    """The parts the config asks for that this run can build: on sharded optimizer state,
+    without those declared :class:`Unsharded` (refused ones stop at :func:`check_sharded`)."""
+    sharded = dp.sharded()
+    return [spec for spec in _asked(cfg) if not (sharded and spec.unsharded is not None)]
+
+
+def check_sharded(cfg: Any, what: str) -> list[str]:
+    """For a run whose optimizer state ``what`` (the engine's name) shards: raise for a
+    configured part declared ``Unsharded(refuse=True)``, and return one line for each one
+    left off (the run prints them once).
+
+    Raises:
+        ValueError: in one line, naming the setting and how to turn it off.
+    """
+    lines = []
+    for spec in _asked(cfg):
+        rule = spec.unsharded
+        if rule is None:
+            continue
+        asked = f"{rule.setting}={rule.value(cfg)}"
+        if rule.refuse:
+            raise ValueError(
+                f"{asked} ({spec.name}) with {what} is not supported: {rule.why}; use plain "
+                f"data parallelism or {rule.setting}={rule.off}"
+            )
+        lines.append(
+            f"{asked} is off with {what}: {rule.why} ({rule.setting}={rule.off} silences this)"
+        )
+    return lines
 
 
 def run_needs(cfg: Any) -> set[str]:

@@ -17,7 +17,7 @@ import torch
 
 from credo.objectives import action_logprobs, reachability_log_weights, sero_loss
 from credo.rollout import OracleBatch, oracle_batch
-from credo.train.parts.base import IterationData, Part, PartContext, register_part
+from credo.train.parts.base import IterationData, Part, PartContext, Unsharded, register_part
 from credo.train.update import UpdateContext, micro_chunks, score_batch
 
 __all__ = ["OracleRows"]
@@ -28,7 +28,17 @@ def _needs(cfg: object) -> set[str]:
     return {"reference"} if cfg.objective.oracle_frozen == "reference" else set()  # type: ignore[attr-defined]
 
 
-@register_part("oracle_rows", when=lambda cfg: cfg.rollout.oracle_horizon > 0, needs=_needs)
+@register_part(
+    "oracle_rows",
+    when=lambda cfg: cfg.rollout.oracle_horizon > 0,
+    needs=_needs,
+    unsharded=Unsharded(
+        "rollout.oracle_horizon",
+        "0",
+        "SERO's oracle micro-batches are not padded to equal passes",
+        refuse=True,
+    ),
+)
 class OracleRows(Part):
     """SERO's oracle rows: their batch, weights and loss term (module docstring)."""
 

@@ -2,8 +2,8 @@
 is scored on the mini-batch it stepped on, and a step whose KL to the sampler (k3, token
 mean) exceeds ``max_kl`` is undone (weights and optimizer state) and the update's
 remaining steps skipped. Metrics ``policy/kl_after_step``, ``policy/steps_kept``,
-``policy/steps_undone``. On by default (0.2); not built under FSDP and ZeRO, which shard the
-optimizer's state (the run prints :func:`credo.engines.fsdp.notices`)."""
+``policy/steps_undone``. On by default (0.2); left off, with one printed line, under FSDP
+and ZeRO, which shard the optimizer's state (registered :class:`Unsharded`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from typing import Any
 import torch
 
 from credo.data import TokenBatch
-from credo.engines import distributed as dp
 from credo.objectives.health import sampler_kl
 from credo.policy.lora import trainable_parameters
-from credo.train.parts.base import Part, PartContext, register_part
+from credo.train.parts.base import Part, PartContext, Unsharded, register_part
 from credo.train.update import UpdateContext, score_batch
 
 __all__ = ["TrustRegion"]
@@ -63,12 +62,15 @@ def _kl_after_step(
     return float(kl) / max(1.0, float(mask.sum()))
 
 
-def _wanted(cfg: Any) -> bool:
-    """``optim.max_kl`` is set and the optimizer's state is whole on every process."""
-    return cfg.optim.max_kl is not None and not dp.sharded()
-
-
-@register_part("trust_region", when=_wanted)
+@register_part(
+    "trust_region",
+    when=lambda cfg: cfg.optim.max_kl is not None,
+    unsharded=Unsharded(
+        "optim.max_kl",
+        "null",
+        "undoing a step copies the optimizer's state, which the engine shards",
+    ),
+)
 class TrustRegion(Part):
     """Undo the step that crossed ``max_kl`` and stop the update (module docstring)."""
 
