@@ -121,3 +121,43 @@ def test_max_kl_values_are_refused_in_one_line_and_sharded_engines_leave_it_off(
 def _names(cfg: object) -> list[str]:
     """The parts a run with ``cfg`` builds (the registry's answer, no part named)."""
     return [spec.name for spec in parts_base._configured(cfg)]
+
+
+def test_the_first_step_undone_leaves_no_optimizer_state_and_buffers_are_reused() -> None:
+    """Undoing the optimizer's first step removes the state that step created (AdamW's
+    next step then starts from zero moments, as if it never ran), and every later
+    snapshot copies into the buffers of the first (nothing allocated per step)."""
+    pol = _policy()
+    opt = torch.optim.AdamW(pol.model.parameters(), lr=0.05)
+    weights = _weights(pol)
+    m = _update(_ctx(["optim.max_kl=1e-12"], pol, opt))
+    assert m["policy/steps_undone"] == 1 and len(opt.state) == 0
+    assert all(torch.equal(p, w) for p, w in zip(pol.model.parameters(), weights))
+    # undone, the next step equals a fresh optimizer's first step on the same weights
+    fresh = _policy()
+    fresh_opt = torch.optim.AdamW(fresh.model.parameters(), lr=0.05)
+    _update(_ctx(["optim.max_kl=null"], fresh, fresh_opt))
+    _update(_ctx(["optim.max_kl=null"], pol, opt))
+    assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), fresh.model.parameters()))
+    # the same snapshot object, stepped 4 times: its buffers stay where they were
+    snap = trust_region.Snapshot()
+    params = list(pol.model.parameters())
+    snap.take(params, opt)
+    ptrs = [b.data_ptr() for b in snap.weights] + [
+        t.data_ptr() for s in snap.state.values() for t in s.values()
+    ]
+    for seed in range(4):
+        _update(_ctx(["optim.max_kl=null"], pol, opt), seed=seed)
+        before = _weights(pol), copy.deepcopy(opt.state_dict())
+        snap.take(params, opt)
+        _update(_ctx(["optim.max_kl=null"], pol, opt), seed=seed + 10)
+        snap.restore(params, opt)
+        assert all(torch.equal(p, w) for p, w in zip(params, before[0]))
+        now = opt.state_dict()["state"]
+        for k, v in before[1]["state"].items():
+            assert all(
+                torch.equal(torch.as_tensor(now[k][n]), torch.as_tensor(t)) for n, t in v.items()
+            )
+    assert [b.data_ptr() for b in snap.weights] + [
+        t.data_ptr() for s in snap.state.values() for t in s.values()
+    ] == ptrs

@@ -410,8 +410,9 @@ class OptimConfig:
             docs/studies/trust-region-multi.md). 0.05 undoes more and cost ``shop/multi``
             15.1 points in mean. Costs one forward pass (no grad) of each mini-batch (about
             1.13× the iteration's time for the built-in model) and one copy of the trainable
-            weights and the optimizer's state (about 3× the trainable weights with AdamW;
-            small with LoRA; set ``None`` for a full fine-tune that does not fit twice). Off
+            weights and the optimizer's state (3× the trainable weights with AdamW; small
+            with LoRA), kept in host memory, pinned, when the weights are on a GPU, so it
+            adds no GPU memory (``benchmarks/trust_region_snapshot.py``). Off
             under FSDP and DeepSpeed ZeRO, which shard the optimizer's state (the run says
             so). Metrics: ``policy/kl_after_step``, ``policy/steps_kept``,
             ``policy/steps_undone``.
