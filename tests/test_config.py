@@ -42,7 +42,10 @@ def test_overrides_are_typed() -> None:
         ),
         ("objective.loss=pp", "Valid loss names: "),
         ("objective.aggregation=mean", "Valid aggregation names: "),
-        ("optim.lrr=1", "unknown key 'optim.lrr'. Did you mean 'lr'? Valid keys: lr, weight_decay"),
+        (
+            "optim.lrr=1",
+            "unknown key 'optim.lrr'. Did you mean 'lr'? Valid keys: lr, lr_schedule, weight_decay",
+        ),
         ("optim.lr=fast", "optim.lr: expected a number, got 'fast'"),
         ("rollout.group_size=0", "rollout.group_size must be ≥ 1"),
         ("sft.enabled=maybe", "expected true or false"),

@@ -227,6 +227,12 @@ def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
             f"train.iterations={cfg.train.iterations}: {run_dir} has already run {done} "
             "iterations; a run can be extended, not shortened"
         )
+    if cfg.train.iterations != saved.train.iterations and cfg.optim.lr_schedule != "constant":
+        raise UsageError(
+            f"train.iterations={cfg.train.iterations}: {run_dir} anneals its learning rate "
+            f"over {saved.train.iterations} iterations (optim.lr_schedule="
+            f"{cfg.optim.lr_schedule}); only a constant-rate run can be extended"
+        )
     # finished: every artefact of the run's end is complete (credo.train.finish);
     # otherwise the final evaluation and save are redone from the last checkpoint
     finished = done >= cfg.train.iterations and unfinished_reason(run_dir, done) is None

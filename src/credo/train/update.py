@@ -54,12 +54,14 @@ from credo.policy.lora import trainable_parameters
 
 __all__ = [
     "ENGINE_LOGPROBS",
+    "LR_SCHEDULES",
     "MicroPass",
     "UpdateContext",
     "UpdatePart",
     "UpdateSettings",
     "micro_chunks",
     "policy_update",
+    "scheduled_lr",
     "score_batch",
 ]
 
@@ -68,6 +70,27 @@ ENGINE_LOGPROBS = "engine_logprobs"
 
 #: How a metric merges over micro-batches, processes and steps when it is not a sum.
 Merge = Mapping[str, Callable[[float, float], float]]
+
+
+def _linear(iteration: int, iterations: int) -> float:
+    return 1.0 - iteration / max(1, iterations)
+
+
+#: ``optim.lr_schedule``: the factor on ``optim.lr`` at iteration ``it`` (0-based) of
+#: ``iterations``. ``constant``: 1 (the optimizer's learning rate is never touched).
+#: ``linear``: 1 − it / iterations, from the full rate at the first iteration down to
+#: 1 / iterations of it at the last (the annealing of CleanRL's PPO, ``anneal_lr``, and
+#: TRL's default linear schedule without warm-up).
+LR_SCHEDULES: dict[str, Callable[[int, int], float] | None] = {
+    "constant": None,
+    "linear": _linear,
+}
+
+
+def scheduled_lr(lr: float, schedule: str, iteration: int, iterations: int) -> float:
+    """The learning rate of iteration ``iteration`` of ``iterations`` (:data:`LR_SCHEDULES`)."""
+    factor = LR_SCHEDULES[schedule]
+    return lr if factor is None else lr * factor(iteration, iterations)
 
 
 @dataclass(frozen=True)
@@ -90,6 +113,9 @@ class UpdateSettings:
     recompute_old_logprobs: bool
     skip_zero_advantage: bool
     zero_grad_step: bool = False
+    lr: float = 3e-4
+    lr_schedule: str = "constant"
+    iterations: int = 1
 
     @classmethod
     def from_config(cls, cfg: Any) -> UpdateSettings:
@@ -113,6 +139,9 @@ class UpdateSettings:
             recompute_old_logprobs=opt.recompute_old_logprobs,
             skip_zero_advantage=opt.skip_zero_advantage,
             zero_grad_step=opt.zero_grad_step,
+            lr=opt.lr,
+            lr_schedule=opt.lr_schedule,
+            iterations=cfg.train.iterations,
         )
 
     @property
@@ -354,6 +383,9 @@ def policy_update(
         generator: RNG of the mini-batch shuffles.
     """
     s = ctx.settings
+    if LR_SCHEDULES[s.lr_schedule] is not None:  # a constant rate is left as the optimizer has it
+        for group in ctx.optimizer.param_groups:
+            group["lr"] = scheduled_lr(s.lr, s.lr_schedule, iteration, s.iterations)
     # Row order grouped by episode (so that chunks can be cut at episode boundaries).
     batch = batch.index(
         torch.argsort(batch.episode * (batch.row.max() + 1 if len(batch) else 1) + batch.row)
@@ -402,6 +434,8 @@ def policy_update(
         if stop:
             break
     out = {k: v if k in merge else v / max(1, steps) for k, v in totals.items()}
+    if LR_SCHEDULES[s.lr_schedule] is not None:
+        out["optim/lr"] = ctx.optimizer.param_groups[0]["lr"]
     if s.skip_zero_advantage:
         out["policy/skipped_rows"] = 1.0 - float(keep.float().mean()) if len(batch) else 0.0
     for part in ctx.parts:

@@ -367,6 +367,11 @@ class OptimConfig:
 
     Attributes:
         lr: AdamW learning rate (default 3e-4).
+        lr_schedule: how the learning rate changes over the run's iterations (default
+            ``constant``). ``linear``: ``lr · (1 − it / train.iterations)`` at iteration
+            ``it`` (0-based), the full rate first and ``lr / train.iterations`` last, as
+            CleanRL's PPO anneals it and TRL's linear default decays it; set at the start
+            of each iteration's update, so ``--resume`` continues it exactly.
         weight_decay: AdamW weight decay (default 0).
         betas: AdamW betas (default ``[0.9, 0.999]``).
         grad_clip: max gradient norm (default 1.0).
@@ -428,6 +433,7 @@ class OptimConfig:
     """
 
     lr: float = 3e-4
+    lr_schedule: str = "constant"
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0

@@ -446,6 +446,8 @@ def skip_zero_advantage_problems(cfg: Config) -> list[str]:
 
 
 def _optim(cfg: Config) -> None:
+    from credo.train.update import LR_SCHEDULES
+
     o = cfg.optim
     _at_least(
         1,
@@ -461,6 +463,10 @@ def _optim(cfg: Config) -> None:
         isinstance(o.max_kl, bool) or not isinstance(o.max_kl, (int, float)) or o.max_kl <= 0
     ):
         raise ConfigError(f"optim.max_kl must be a number > 0 or null, got {o.max_kl!r}")
+    if o.lr_schedule not in LR_SCHEDULES:
+        raise ConfigError(
+            f"optim.lr_schedule={o.lr_schedule!r}: expected one of {', '.join(LR_SCHEDULES)}"
+        )
     if o.grad_clip <= 0:
         raise ConfigError(f"optim.grad_clip must be > 0, got {o.grad_clip}")
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
