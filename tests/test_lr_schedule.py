@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from credo.cli import main
-from credo.train.config import ConfigError, load_config
+from credo.train.config import Config, ConfigError, load_config, schema
 from credo.train.parts import update_context
 from credo.train.update import policy_update, scheduled_lr
 from small_run import TINY_RUN
@@ -80,3 +80,20 @@ def test_a_resumed_annealed_run_continues_exactly_and_is_not_extended(
     assert main(["train", "--resume", str(cut), "train.iterations=4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "anneals its learning rate over 3 iterations" in err[0]
+
+
+def test_a_saved_config_from_before_a_key_keeps_the_behaviour_it_had(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Config.from_saved`` fills a key the file predates with the value of the behaviour
+    the run had (``ADDED_LATER``), where ``from_dict`` fills today's default: shown with
+    the trust region (0.2 by default, none before it), then the schedule itself."""
+    data = load_config("grpo").to_dict()
+    del data["optim"]["max_kl"], data["optim"]["lr_schedule"]
+    monkeypatch.setitem(schema.ADDED_LATER, ("optim", "max_kl"), None)
+    assert Config.from_dict(data).optim.max_kl == 0.2
+    assert Config.from_saved(data).optim.max_kl is None
+    assert Config.from_saved(data).optim.lr_schedule == "constant"
+    assert "lr_schedule" not in data["optim"]  # the caller's mapping is left as it was
+    data["optim"]["lr_schedule"] = "linear"  # a key the file has is kept
+    assert Config.from_saved(data).optim.lr_schedule == "linear"

@@ -218,8 +218,8 @@ def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
         raise UsageError(f"{cfg_path}{yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{cfg_path}: expected a mapping of config sections")
-    saved = Config.from_dict(data)
-    cfg = Config.from_dict(apply_overrides(data, extra))
+    saved = Config.from_saved(data)
+    cfg = Config.from_saved(apply_overrides(data, extra))
     check_run_files(run_dir)
     done = checkpoint_iteration(latest_checkpoint(run_dir))
     if cfg.train.iterations < done:

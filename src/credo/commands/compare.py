@@ -225,7 +225,7 @@ def _run_one(cfg: Config, run_dir: Path, records: Path | None = None) -> dict[st
     if not _finished(run_dir):
         resume = _resumable(run_dir)
         if resume is not None:
-            cfg = Config.from_dict(read_yaml_file(run_dir / "config.yaml"))
+            cfg = Config.from_saved(read_yaml_file(run_dir / "config.yaml"))
         train(cfg, resume=resume, quiet=True)
         if not _finished(run_dir):  # stopped by a signal: a checkpoint, no final result
             raise _stopped([run_dir.name])
@@ -239,7 +239,7 @@ def _record(run_dir: Path, records: Path | None) -> None:
     if records is None:
         return
     record = Path(records) / run_dir.name
-    cfg = Config.from_dict(read_yaml_file(run_dir / "config.yaml"))
+    cfg = Config.from_saved(read_yaml_file(run_dir / "config.yaml"))
     if record_problem(record, cfg) is not None or _differs(run_dir, record):
         write_record(run_dir, record)
     key = json.loads((run_dir / "warmstart.json").read_text()).get("key")

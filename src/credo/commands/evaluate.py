@@ -57,7 +57,7 @@ def evaluate_target(
         cfg_path = Path(run_dir) / "config.yaml"
         if not cfg_path.exists():
             raise ValueError(f"{run_dir} is not a run folder (no config.yaml)")
-        cfg = Config.from_dict(apply_overrides(read_yaml_file(cfg_path), extra))
+        cfg = Config.from_saved(apply_overrides(read_yaml_file(cfg_path), extra))
         _check_mistakes(cfg, mistakes)
         folder, label = _trained_folder(Path(run_dir))
         if (folder / "adapter_config.json").exists():

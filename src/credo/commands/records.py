@@ -99,7 +99,7 @@ def config_difference(folder: Path, cfg: Config) -> str | None:
     differs from ``cfg``, where the run folder is aside: the first differing key, or
     that it does not load; ``None`` when they are the same run."""
     try:
-        recorded = Config.from_dict(read_yaml_file(folder / "config.yaml")).to_dict()
+        recorded = Config.from_saved(read_yaml_file(folder / "config.yaml")).to_dict()
     except Exception as exc:  # an unreadable or outdated config: another run
         return f"{folder / 'config.yaml'} does not load ({exc})"
     want, have = _what(cfg.to_dict()), _what(recorded)

@@ -829,6 +829,14 @@ class JudgeConfig:
         return self.model is not None
 
 
+#: Keys added to the config after runs were saved with it, each with the value that gives
+#: the behaviour a run saved before it had (:meth:`Config.from_saved`). A new key whose
+#: default is not the old behaviour must be listed here.
+ADDED_LATER: dict[tuple[str, str], Any] = {
+    ("optim", "lr_schedule"): "constant",  # 2026-12-06; the rate was constant before
+}
+
+
 @dataclass
 class Config:
     """A whole run. ``recipe`` records which recipe it came from."""
@@ -866,6 +874,19 @@ class Config:
         cfg = _build(cls, data, "")
         validate(cfg)
         return cfg
+
+    @classmethod
+    def from_saved(cls, data: dict[str, Any]) -> Config:
+        """A run's saved ``config.yaml`` (a run folder's or a study record's) as a config:
+        a key added after the file was written (:data:`ADDED_LATER`) takes the value that
+        gives the behaviour the run had, not today's default, so ``--resume`` continues
+        it as it trained and a record stands for the run it records."""
+        data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+        for (section, key), then in ADDED_LATER.items():
+            body = data.get(section)
+            if isinstance(body, dict) and key not in body:
+                body[key] = then
+        return cls.from_dict(data)
 
 
 # ----------------------------------------------------------------- building
