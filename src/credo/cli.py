@@ -198,6 +198,7 @@ def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
     from credo.train.checkpoint import checkpoint_iteration, latest_checkpoint
     from credo.train.config import Config, apply_overrides
     from credo.train.finish import unfinished_reason
+    from credo.train.update import LR_SCHEDULES
 
     run_dir = Path(args.resume)
     cfg_path = run_dir / "config.yaml"
@@ -227,7 +228,8 @@ def _resume_config(args: argparse.Namespace) -> tuple[Any, Path, bool]:
             f"train.iterations={cfg.train.iterations}: {run_dir} has already run {done} "
             "iterations; a run can be extended, not shortened"
         )
-    if cfg.train.iterations != saved.train.iterations and cfg.optim.lr_schedule != "constant":
+    annealed = LR_SCHEDULES[cfg.optim.lr_schedule] is not None
+    if cfg.train.iterations != saved.train.iterations and annealed:
         raise UsageError(
             f"train.iterations={cfg.train.iterations}: {run_dir} anneals its learning rate "
             f"over {saved.train.iterations} iterations (optim.lr_schedule="

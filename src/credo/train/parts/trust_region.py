@@ -48,9 +48,8 @@ class Snapshot:
             for key, value in optimizer.state.get(p, {}).items():
                 old = self.state.get(i, {}).get(key)
                 if isinstance(value, torch.Tensor):
-                    fits = isinstance(old, torch.Tensor) and old.shape == value.shape
-                    old = old if fits else _buffer(value)
-                    value = old.copy_(value, non_blocking=True)
+                    buf = old if _fits(old, value) else _buffer(value)
+                    value = buf.copy_(value, non_blocking=True)
                 saved.setdefault(i, {})[key] = value
         self.state = saved
 
@@ -72,6 +71,11 @@ class Snapshot:
                     live[key].copy_(value, non_blocking=True)
                 else:
                     live[key] = value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _fits(buf: Any, t: torch.Tensor) -> bool:
+    """``buf`` is a buffer ``t`` can be copied into as it is."""
+    return isinstance(buf, torch.Tensor) and (buf.shape, buf.dtype) == (t.shape, t.dtype)
 
 
 def _buffer(t: torch.Tensor) -> torch.Tensor:
