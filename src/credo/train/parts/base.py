@@ -32,9 +32,10 @@ A part registers with what it needs::
 run must prepare for it (``"reference"``: the frozen reference); ``texts(cfg)`` the per-step
 texts the sampler must record for it; ``check(cfg, run)`` checks its inputs before any run
 folder exists (a teacher's folders against the student); ``unsharded`` (an
-:class:`Unsharded`) that it needs the optimizer's state whole on every process, which
-accelerate's FSDP and DeepSpeed ZeRO shard: such a run leaves it off with one printed line,
-or is refused. The run asks the registry (:func:`run_needs`, :func:`rollout_texts`,
+:class:`Unsharded`) that it cannot run where accelerate's FSDP or DeepSpeed ZeRO shard the
+training state over the processes (the trust region copies the whole optimizer state;
+SERO's oracle passes are not padded): such a run leaves it off with one printed line, or
+is refused. The run asks the registry (:func:`run_needs`, :func:`rollout_texts`,
 :func:`check_parts`, :func:`check_sharded`, :func:`build_parts`), never a part's name.
 Within each stage the parts run in the order they registered.
 """
@@ -155,7 +156,7 @@ class Part(UpdatePart):
 
 @dataclass(frozen=True)
 class Unsharded:
-    """A part's declaration that it cannot run where the optimizer's state is sharded over
+    """A part's declaration that it cannot run where the training state is sharded over
     the processes (accelerate's FSDP, DeepSpeed ZeRO: :func:`credo.engines.distributed.sharded`).
 
     Attributes:
@@ -228,8 +229,8 @@ def register_part(
         texts: ``texts(cfg)``: the per-step texts the sampler must record for it.
         check: ``check(cfg, run)``: raise ``ValueError`` on bad inputs, before any run
             folder exists.
-        unsharded: it needs the optimizer's state whole (:class:`Unsharded`): left off,
-            or refused, where FSDP or ZeRO shards it (default: it runs sharded too).
+        unsharded: it cannot run on sharded state (:class:`Unsharded`): left off, or
+            refused, under FSDP or ZeRO (default: it runs sharded too).
     """
     need_fn = needs if callable(needs) else (lambda cfg, fixed=tuple(needs): fixed)
 
