@@ -33,7 +33,7 @@ from credo.rollout.group import episodes_to_forest
 from credo.tasks import TaskSource, TaskSourceContext, make_task_source
 from credo.train.async_rollouts import AsyncRollouts
 from credo.train.checkpoint import load_checkpoint, save_checkpoint
-from credo.train.parts import PartContext, Parts, build_parts, run_needs
+from credo.train.parts import PartContext, Parts, build_parts, check_sharded, run_needs
 from credo.train.run import Run, add_adapters, build_renderer, sampling_for
 from credo.train.sft import collect_demonstrations
 from credo.train.update import UpdateContext, UpdateSettings
@@ -110,8 +110,9 @@ class TrainState:
             if reference is not None and not lora:
                 reference.load_weights(run_dir / "reference")
         engine = Engine()
-        if dp.sharded():
+        if dp.sharded():  # as train() checked; also for a caller that starts the state itself
             fsdp.check_config(cfg, dp.sharding_name())
+            check_sharded(cfg, dp.sharding_name())  # a refused part raises; notices: train()
         if dp.sharded() and fsdp.requested():  # the optimizer updates a sharded copy
             engine.trainer = fsdp.shard_policy(policy, fsdp.settings())
         trainer = engine.trainer or policy
