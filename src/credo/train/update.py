@@ -383,9 +383,11 @@ def policy_update(
         generator: RNG of the mini-batch shuffles.
     """
     s = ctx.settings
-    if LR_SCHEDULES[s.lr_schedule] is not None:  # a constant rate is left as the optimizer has it
+    rate = None  # a constant rate is left as the optimizer has it
+    if LR_SCHEDULES[s.lr_schedule] is not None:
+        rate = scheduled_lr(s.lr, s.lr_schedule, iteration, s.iterations)
         for group in ctx.optimizer.param_groups:
-            group["lr"] = scheduled_lr(s.lr, s.lr_schedule, iteration, s.iterations)
+            group["lr"] = rate
     # Row order grouped by episode (so that chunks can be cut at episode boundaries).
     batch = batch.index(
         torch.argsort(batch.episode * (batch.row.max() + 1 if len(batch) else 1) + batch.row)
@@ -434,8 +436,8 @@ def policy_update(
         if stop:
             break
     out = {k: v if k in merge else v / max(1, steps) for k, v in totals.items()}
-    if LR_SCHEDULES[s.lr_schedule] is not None:
-        out["optim/lr"] = ctx.optimizer.param_groups[0]["lr"]
+    if rate is not None:
+        out["optim/lr"] = rate
     if s.skip_zero_advantage:
         out["policy/skipped_rows"] = 1.0 - float(keep.float().mean()) if len(batch) else 0.0
     for part in ctx.parts:
