@@ -19,11 +19,13 @@ import functools
 import json
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from credo.engines import Engine, fsdp, zero
@@ -88,9 +90,10 @@ def _sharded_update() -> dict[str, torch.Tensor]:
         return real_idle(*args)  # type: ignore[arg-type]
 
     fsdp.idle_loss = counted  # type: ignore[assignment]
+    engines = Engine(trainer=trainer if use_fsdp else None, zero=engine)
     try:
         metrics = policy_update(
-            update_context(cfg, trainer, opt, reference, engine=Engine(zero=engine)),
+            update_context(cfg, trainer, opt, reference, engine=engines),
             batch,
             iteration=0,
             generator=torch.Generator().manual_seed(7),
@@ -112,6 +115,7 @@ def _sharded_update() -> dict[str, torch.Tensor]:
         other = zero.Zero(start, adamw(start), cfg, zero.stage())
         other.load_state_dict(state)
         again = other.gathered().state_dict()
+        other.close()
     else:
         state = again = opt.state_dict()
     if dp.sharded():
@@ -127,6 +131,7 @@ def _sharded_update() -> dict[str, torch.Tensor]:
     for i, st in state["state"].items():
         for k in ("exp_avg", "exp_avg_sq", "step"):
             out[f"o.{i}.{k}"] = st[k].detach().clone()
+    engines.close()  # as the loop does after the last update (sharded_worker checks it)
     return out
 
 
@@ -140,13 +145,19 @@ FSDP_ENV = {
 
 def sharded_worker(engine: dict[str, str], rank: int, world: int, port: int, out: str) -> None:
     """One rank of a sharded update (``engine``: the variables accelerate sets for its
-    FSDP or DeepSpeed config); saves :func:`_sharded_update`'s tensors for the test."""
+    FSDP or DeepSpeed config); saves :func:`_sharded_update`'s tensors for the test, and
+    how many of the process groups outlived ``dp.teardown`` (their worker threads abort a
+    process that exits right after a collective, see ``dp.teardown``)."""
     join_group(rank, world, port, **engine)
     assert dp.setup("cpu") and dp.sharded() and dp.rank() == rank
+    groups: list[weakref.ref[Any]] = []
     try:
         save_file(_sharded_update(), str(Path(out) / f"rank{rank}.safetensors"))
+        groups = [weakref.ref(g) for g in dist.distributed_c10d._world.pg_map]
     finally:
         dp.teardown()
+    live = sum(g() is not None for g in groups)
+    (Path(out) / f"rank{rank}.groups.json").write_text(json.dumps([live, len(groups)]))
 
 
 def ranks_equal_one_process(engine: dict[str, str], tmp_path: Path) -> list[dict[str, Any]]:
@@ -167,6 +178,9 @@ def ranks_equal_one_process(engine: dict[str, str], tmp_path: Path) -> list[dict
     assert float(ranks[0]["x.idle"]) == 0 and float(ranks[1]["x.idle"]) >= 1
     assert all(float(r["x.reload_equal"]) == 1.0 for r in ranks)
     assert float(one["m.policy/grad_norm"]) > 0
+    for r in range(WORLD):  # every group (the default one, the engine's) was freed
+        live, total = json.loads((tmp_path / f"rank{r}.groups.json").read_text())
+        assert total >= 1 and live == 0, f"rank {r}: {live} of {total} process groups live on"
     return [*ranks, one]
 
 

@@ -43,8 +43,11 @@ the processes of one job only.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import importlib
 import json
 import os
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -211,6 +214,13 @@ def setup(device: str = "auto") -> bool:
     cuda = torch.cuda.is_available() and device != "cpu"
     if cuda:
         torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+    # torch.distributed.nn.functional binds the default group as its functions' default
+    # argument when it is first imported: imported once the group exists (torch's FSDP
+    # imports it, and transformers imports that when it builds a model), it keeps the
+    # group alive past teardown(), whose docstring says why that matters; imported now,
+    # the default is None (the default group at call time)
+    importlib.import_module("torch.distributed.nn.functional")
+
     dist.init_process_group(
         backend="nccl" if cuda else "gloo",
         timeout=timedelta(seconds=wait),
@@ -464,9 +474,26 @@ def check_same_weights(model: torch.nn.Module) -> None:
 
 
 def teardown() -> None:
-    """Leave the process group (after :func:`setup`); a no-op when none is up."""
-    if dist.is_available() and dist.is_initialized():
+    """Leave the process groups (after :func:`setup`) and free them; a no-op when none is up.
+
+    Destroying a gloo group does not stop its worker threads: they run until no Python
+    object references the group. A worker that lets go of a finished collective's tensors
+    after the interpreter began to exit aborts the process ("terminate called without an
+    active exception", pytorch/pytorch#109478), which a process leaving right after its
+    last collective (a rank other than 0, while rank 0 evaluates) meets on a busy machine.
+    So the other references go too: DeepSpeed's (its own ``destroy_process_group``; its
+    engine's, the parameters' and FSDP's device mesh's went with
+    :meth:`credo.engines.Engine.close`), and the garbage is collected: each group's
+    destructor then joins its threads while Python runs.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    deepspeed_comm = sys.modules.get("deepspeed.comm")
+    if deepspeed_comm is not None and deepspeed_comm.is_initialized():
+        deepspeed_comm.destroy_process_group()  # torch's, then DeepSpeed's references
+    else:
         dist.destroy_process_group()
+    gc.collect()
 
 
 #: The file in a run folder that records how many processes trained it (absent: one).

@@ -140,6 +140,16 @@ class Engine:
         if self.trainer is not None:
             fsdp.copy_full_weights(self.trainer, policy)
 
+    def close(self) -> None:
+        """After the last update: release what holds the process groups (the ZeRO engine,
+        FSDP's sharded copy), so that :func:`~credo.engines.distributed.teardown` frees
+        them. The sampling copy of the policy stays."""
+        if self.zero is not None:
+            self.zero.close()
+        if self.trainer is not None:
+            fsdp.release(self.trainer)
+        self.zero = self.trainer = None
+
     # ------------------------------------------------------------------ checkpoints
     def saved_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
         """What a checkpoint saves of ``optimizer``: its state as one process holds it

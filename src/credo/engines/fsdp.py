@@ -65,6 +65,7 @@ __all__ = [
     "gathered_optimizer",
     "idle_loss",
     "plain_norm",
+    "release",
     "requested",
     "settings",
     "shard_policy",
@@ -230,6 +231,24 @@ def shard_policy(policy: HFPolicy, opts: FsdpSettings) -> HFPolicy:
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
     return HFPolicy(model, policy.tokenizer, policy.device)
+
+
+def release(trainer: HFPolicy) -> None:
+    """After the last update: the trainer's device mesh lets go of its process groups.
+
+    DTensor's sharding caches keep the mesh for the life of the process, and the mesh
+    keeps the groups, whose worker threads must end before Python does
+    (:func:`credo.engines.distributed.teardown` says why). The trainer runs no collective
+    afterwards."""
+    for mesh in {id(m): m for m in _meshes(trainer.model)}.values():
+        registry = getattr(mesh, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry.clear()
+
+
+def _meshes(model: torch.nn.Module) -> list[Any]:
+    """The device meshes of ``model``'s sharded parameters."""
+    return [m for p in model.parameters() if (m := getattr(p, "device_mesh", None)) is not None]
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -160,6 +160,27 @@ class Zero:
         self.engine.step()
         return torch.as_tensor(float(self.engine.get_global_grad_norm()))
 
+    def close(self) -> None:
+        """After the last update: let go of the process groups. The engine removes its
+        gradient hooks, the model loses the forward hooks that call back into the engine,
+        and the parameters the group and fragment mapping it attached to them (the model
+        outlives the engine); :func:`credo.engines.distributed.teardown` can then free the
+        groups while Python still runs."""
+        self.engine.destroy()
+        for name in (
+            "module_forward_pre_hook",
+            "module_forward_post_hook",
+            "first_dataloader_check",
+        ):
+            handle = getattr(self.engine, name, None)
+            if handle is not None:
+                handle.remove()
+                setattr(self.engine, name, None)
+        for p in self.params:
+            for attr in ("_dp_group", "_hp_mapping"):
+                if hasattr(p, attr):
+                    delattr(p, attr)
+
     def _fragments(self) -> list[tuple[torch.nn.Parameter, torch.Tensor, Any]]:
         """``(parameter, its group's flat fp32 partition, its fragment mapping)`` of every
         trainable parameter, in the order one process numbers them."""

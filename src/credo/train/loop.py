@@ -288,6 +288,7 @@ def _iterate(
     finally:
         if state.rollouts is not None:  # the worker sampling ahead stops
             state.rollouts.close()
+        state.engine.close()  # no collective follows: the process groups can go
         log.close()
         errors.flush()
     return False
