@@ -58,13 +58,20 @@ FSDP_YAML = REPO / "examples" / "accelerate" / "fsdp.yaml"
 RUN_S = 150  # one launch's deadline
 
 
+#: ``optim.lr_schedule=linear`` over 2 iterations: iteration 1 steps at half ``optim.lr``.
+ANNEALED = ["optim.lr_schedule=linear", "train.iterations=2"]
+
+
 def _sharded_update() -> dict[str, torch.Tensor]:
-    """One ``policy_update`` on 4 tasks × 4 episodes (fixed generator and advantages),
+    """One ``policy_update`` (iteration 1 of 2: the rate annealed to half) on 4 tasks × 4
+    episodes (fixed generator and advantages),
     sharded as the launcher's variables ask (FSDP: a sharded trainer; DeepSpeed: a ZeRO
     engine around the AdamW); returns the (full) weights, the metrics, the (gathered) AdamW
     state and, sharded, the zero-weight passes run and a reload check of that state."""
     torch.manual_seed(0)
-    cfg = load_config("grpo", UPDATE)  # 3 micro-batches per mini-batch: rank 1 pads
+    # 3 micro-batches per mini-batch: rank 1 pads; the rate annealed to half at the update
+    # of iteration 1 of 2 reaches the engine's step (DeepSpeed wraps the AdamW)
+    cfg = load_config("grpo", [*UPDATE, *ANNEALED])
     run = build_run(cfg)
     policy = run.policy
     tasks = [Task.make("train", i) for i in range(4)]
@@ -95,7 +102,7 @@ def _sharded_update() -> dict[str, torch.Tensor]:
         metrics = policy_update(
             update_context(cfg, trainer, opt, reference, engine=engines),
             batch,
-            iteration=0,
+            iteration=1,
             generator=torch.Generator().manual_seed(7),
         )
     finally:
@@ -178,6 +185,9 @@ def ranks_equal_one_process(engine: dict[str, str], tmp_path: Path) -> list[dict
     assert float(ranks[0]["x.idle"]) == 0 and float(ranks[1]["x.idle"]) >= 1
     assert all(float(r["x.reload_equal"]) == 1.0 for r in ranks)
     assert float(one["m.policy/grad_norm"]) > 0
+    # the ranks stepped at the annealed rate, as one process did: Adam's first step moves
+    # a weight by about the rate, so a rank at the full rate would fail the comparison
+    assert float(one["m.optim/lr"]) == pytest.approx(0.005)
     for r in range(WORLD):  # every group (the default one, the engine's) was freed
         live, total = json.loads((tmp_path / f"rank{r}.groups.json").read_text())
         assert total >= 1 and live == 0, f"rank {r}: {live} of {total} process groups live on"
