@@ -48,6 +48,7 @@ import importlib
 import json
 import os
 import sys
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -473,8 +474,9 @@ def check_same_weights(model: torch.nn.Module) -> None:
         )
 
 
-def teardown() -> None:
-    """Leave the process groups (after :func:`setup`) and free them; a no-op when none is up.
+def teardown() -> int:
+    """Leave the process groups (after :func:`setup`) and free them; returns how many
+    outlived it (a no-op returning 0 when none is up).
 
     Destroying a gloo group does not stop its worker threads: they run until no Python
     object references the group. A worker that lets go of a finished collective's tensors
@@ -485,15 +487,23 @@ def teardown() -> None:
     engine's, the parameters' and FSDP's device mesh's went with
     :meth:`credo.engines.Engine.close`), and the garbage is collected: each group's
     destructor then joins its threads while Python runs.
+
+    One reference stays on rank 0 of a run without a DeepSpeed config (plain data
+    parallelism, FSDP) when DeepSpeed is installed: accelerate imports it while rank 0
+    saves a checkpoint, and DeepSpeed's backend binds the default group as a default
+    argument. Harmless there: rank 0's last collective comes
+    before its final evaluation, so no worker is still busy when it exits.
     """
     if not (dist.is_available() and dist.is_initialized()):
-        return
+        return 0
+    groups = [weakref.ref(g) for g in list(dist.distributed_c10d._world.pg_map)]
     deepspeed_comm = sys.modules.get("deepspeed.comm")
     if deepspeed_comm is not None and deepspeed_comm.is_initialized():
         deepspeed_comm.destroy_process_group()  # torch's, then DeepSpeed's references
     else:
         dist.destroy_process_group()
     gc.collect()
+    return sum(g() is not None for g in groups)
 
 
 #: The file in a run folder that records how many processes trained it (absent: one).
