@@ -63,10 +63,10 @@ ANNEALED = ["optim.lr_schedule=linear", "train.iterations=2"]
 
 def _sharded_update() -> dict[str, torch.Tensor]:
     """One ``policy_update`` (iteration 1 of 2: the rate annealed to half) on 4 tasks × 4
-    episodes (fixed generator and advantages),
-    sharded as the launcher's variables ask (FSDP: a sharded trainer; DeepSpeed: a ZeRO
-    engine around the AdamW); returns the (full) weights, the metrics, the (gathered) AdamW
-    state and, sharded, the zero-weight passes run and a reload check of that state."""
+    episodes (fixed generator and advantages), sharded as the launcher's variables ask
+    (FSDP: a sharded trainer; DeepSpeed: a ZeRO engine around the AdamW); returns the
+    (full) weights, the metrics, the (gathered) AdamW state and, sharded, the zero-weight
+    passes run and a reload check of that state."""
     torch.manual_seed(0)
     # 3 micro-batches per mini-batch: rank 1 pads; the rate annealed to half at the update
     # of iteration 1 of 2 reaches the engine's step (DeepSpeed wraps the AdamW)

@@ -491,8 +491,8 @@ def teardown() -> int:
     One reference stays on rank 0 of a run without a DeepSpeed config (plain data
     parallelism, FSDP) when DeepSpeed is installed: accelerate imports it while rank 0
     saves a checkpoint, and DeepSpeed's backend binds the default group as a default
-    argument. Harmless there: rank 0's last collective comes
-    before its final evaluation, so no worker is still busy when it exits.
+    argument. Harmless there: rank 0's last collective comes before its final
+    evaluation, so no worker is still busy when it exits.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return 0
