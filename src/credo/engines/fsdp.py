@@ -240,15 +240,10 @@ def release(trainer: HFPolicy) -> None:
     keeps the groups, whose worker threads must end before Python does
     (:func:`credo.engines.distributed.teardown` says why). The trainer runs no collective
     afterwards."""
-    for mesh in {id(m): m for m in _meshes(trainer.model)}.values():
-        registry = getattr(mesh, "_pg_registry", None)
+    for p in trainer.model.parameters():  # a sharded parameter names its mesh
+        registry = getattr(getattr(p, "device_mesh", None), "_pg_registry", None)
         if isinstance(registry, dict):
             registry.clear()
-
-
-def _meshes(model: torch.nn.Module) -> list[Any]:
-    """The device meshes of ``model``'s sharded parameters."""
-    return [m for p in model.parameters() if (m := getattr(p, "device_mesh", None)) is not None]
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
