@@ -30,6 +30,12 @@ to OpenAI's servers with the ``OPENAI_API_KEY`` of the environment, which a loca
 has no use for. The ``X-Credo-State`` header (optional) keys each step by the shop's page
 state for step-level estimators (GiGPO); the SDK sends it through ``ModelSettings``.
 
+Why ``ModelBehaviorError`` is caught: the SDK raises it for a reply it cannot use, such as
+one cut at ``max_tokens`` before any visible text (an untrained model that samples only
+special tokens). That reply is the policy's move, so the agent sends the env an empty
+action, which the env scores (here as an invalid one), and the episode goes on: the
+policy learns from it. Left uncaught, the episode would fail and teach nothing.
+
 The prompt is one user message per turn (the agent has no ``instructions``, so no
 system message) in the compact layout credo's own rollouts use for the built-in model, so
 that credo's warm start is a sensible starting point, as in ``examples/openai_agent.py``.
@@ -39,7 +45,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner
+from agents import (
+    Agent,
+    ModelBehaviorError,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    RunConfig,
+    Runner,
+)
 
 from credo.envs import make_env
 
@@ -75,16 +88,19 @@ async def run(task: Any, client: Any, session_id: str) -> dict[str, Any]:
     history: list[str] = []
     reward, success = 0.0, False
     for _ in range(env.max_turns):
-        result = await Runner.run(
-            agent,
-            prompt(history, page, env.instruction()),
-            max_turns=1,  # one model call: the action
-            run_config=RunConfig(
-                tracing_disabled=True,
-                model_settings=ModelSettings(extra_headers={"X-Credo-State": env.state_key()}),
-            ),
-        )
-        action = str(result.final_output or "").strip()
+        try:
+            result = await Runner.run(
+                agent,
+                prompt(history, page, env.instruction()),
+                max_turns=1,  # one model call: the action
+                run_config=RunConfig(
+                    tracing_disabled=True,
+                    model_settings=ModelSettings(extra_headers={"X-Credo-State": env.state_key()}),
+                ),
+            )
+            action = str(result.final_output or "").strip()
+        except ModelBehaviorError:
+            action = ""  # a reply the SDK rejects is the policy's move: an empty action
         step = env.step(action)
         history.append(action)
         page, reward = step.observation, reward + step.reward

@@ -127,6 +127,45 @@ def test_a_framework_agent_is_trained_through_the_server(tmp_path: Path, framewo
     assert float((lp - batch.old_logprobs)[batch.response_mask].abs().max()) < 1e-4
 
 
+def test_an_sdk_reply_with_no_text_is_an_empty_action_not_a_failed_episode() -> None:
+    """A model that samples only ``<pad>`` fills ``max_tokens`` with text that decodes to
+    nothing: the SDK raises ``ModelBehaviorError`` (finish_reason 'length', no assistant
+    text). The example agent sends the env an empty action instead, so both turns are
+    played and recorded and the episode is scored (0), not failed. Before the agent caught
+    the error, an untrained model's rare all-special reply failed its episode (CI, stop 69)."""
+    _need("agents_sdk")
+    from credo.policy.tiny import TinyModelConfig, create_tiny_policy
+
+    small = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    policy = create_tiny_policy(["say", "yes", "no"], small, seed=0)
+    model = policy.model
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-30.0)
+        head.bias[policy.pad_id] = 30.0
+    model.lm_head = head
+    session = AgentSession(
+        AgentParams(agent="examples/agents_sdk_agent.py:run", timeout_s=60, env=ENV)
+    )
+    try:
+        out = session.sample(
+            policy,
+            SamplingParams(max_new_tokens=4),
+            [Task.make("train", 0)],
+            2,
+            torch.Generator().manual_seed(0),
+        )
+    finally:
+        assert session.close()
+    assert [e.error for e in out.episodes] == [None, None]
+    assert [len(e.steps) for e in out.episodes] == [2, 2] and out.forest.num_rows == 4
+    assert [e.ret for e in out.episodes] == [0.0, 0.0]
+    batch = out.forest.to_batch(torch.zeros(out.forest.num_rows), pad_id=policy.pad_id)
+    replies = batch.input_ids[batch.response_mask]
+    assert replies.numel() == 16 and bool((replies == policy.pad_id).all())
+
+
 def test_an_async_client_kept_for_the_process_works_in_every_iteration() -> None:
     """An agent that makes one ``openai.AsyncOpenAI`` on first use and keeps it (as
     LangChain's ``ChatOpenAI`` keeps its default HTTP client for the process): its pooled
