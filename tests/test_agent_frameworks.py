@@ -28,6 +28,7 @@ from credo.agent.sampler import AgentParams, AgentSession
 from credo.envs.base import Task
 from credo.policy.base import SamplingParams
 from credo.policy.hf import HFPolicy
+from credo.rollout import RolloutResult
 from credo.train.config import load_config
 from credo.train.loop import train
 
@@ -74,6 +75,24 @@ def _overrides(tmp_path: Path, framework: str) -> list[str]:
     ]
 
 
+def _one_group(policy: HFPolicy, framework: str) -> RolloutResult:
+    """Two episodes of SayEnv's task 0 by ``examples/<framework>_agent.py`` against
+    ``policy`` served on 127.0.0.1, replies of at most 4 tokens: the sampler's output."""
+    session = AgentSession(
+        AgentParams(agent=f"examples/{framework}_agent.py:run", timeout_s=60, env=ENV)
+    )
+    try:
+        return session.sample(
+            policy,
+            SamplingParams(max_new_tokens=4),
+            [Task.make("train", 0)],
+            2,
+            torch.Generator().manual_seed(0),
+        )
+    finally:
+        assert session.close()
+
+
 @pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
 def test_a_framework_agent_is_trained_through_the_server(tmp_path: Path, framework: str) -> None:
     """Two iterations of ``credo train --agent examples/<framework>_agent.py:run``: every
@@ -104,19 +123,7 @@ def test_a_framework_agent_is_trained_through_the_server(tmp_path: Path, framewo
     assert [json.loads(x)["iteration"] for x in records] == [0, 1]
 
     policy = HFPolicy.from_pretrained(res.run_dir / "final_policy")
-    session = AgentSession(
-        AgentParams(agent=f"examples/{framework}_agent.py:run", timeout_s=60, env=ENV)
-    )
-    try:
-        out = session.sample(
-            policy,
-            SamplingParams(max_new_tokens=4),
-            [Task.make("train", 0)],
-            2,
-            torch.Generator().manual_seed(0),
-        )
-    finally:
-        assert session.close()
+    out = _one_group(policy, framework)
     assert [len(e.steps) for e in out.episodes] == [2, 2] and out.forest.num_rows == 4
     first = policy.tokenizer.decode(out.episodes[0].steps[0].prompt_ids)
     assert "history : none page : say yes goal : say yes action :" in first
@@ -145,19 +152,7 @@ def test_an_sdk_reply_with_no_text_is_an_empty_action_not_a_failed_episode() -> 
         head.bias.fill_(-30.0)
         head.bias[policy.pad_id] = 30.0
     model.lm_head = head
-    session = AgentSession(
-        AgentParams(agent="examples/agents_sdk_agent.py:run", timeout_s=60, env=ENV)
-    )
-    try:
-        out = session.sample(
-            policy,
-            SamplingParams(max_new_tokens=4),
-            [Task.make("train", 0)],
-            2,
-            torch.Generator().manual_seed(0),
-        )
-    finally:
-        assert session.close()
+    out = _one_group(policy, "agents_sdk")
     assert [e.error for e in out.episodes] == [None, None]
     assert [len(e.steps) for e in out.episodes] == [2, 2] and out.forest.num_rows == 4
     assert [e.ret for e in out.episodes] == [0.0, 0.0]
