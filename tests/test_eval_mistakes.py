@@ -53,7 +53,12 @@ def test_summary_by_hand() -> None:
     # followed from it), episode 2 made no labelled mistake
     assert got["failed"] == 2
     assert got["first_mistake"] == {"wrong_query": 1, "none": 1}
-    assert mistake_summary([]) == {"actions": {}, "failed": 0, "first_mistake": {}}
+    # the two failed episodes themselves, each action with its label; the success is not
+    assert got["failures"] == [
+        {"task_id": "test/0", "actions": [["a", "ok"], ["a", "wrong_query"], ["a", "wrong_item"]]},
+        {"task_id": "test/2", "actions": [["a", "ok"], ["a", "ok"]]},
+    ]
+    assert mistake_summary([]) == {"actions": {}, "failed": 0, "first_mistake": {}, "failures": []}
 
 
 def test_advantage_by_mistake_by_hand() -> None:
@@ -161,6 +166,13 @@ def test_an_evaluation_labels_every_action_of_its_episodes() -> None:
     assert ev.mistakes["actions"] == pytest.approx({"invalid_action": 2 / 3, "wrong_query": 1 / 3})
     assert ev.mistakes["failed"] == 12
     assert ev.mistakes["first_mistake"] == {"wrong_query": 12}
+    ids = [f["task_id"] for f in ev.mistakes["failures"]]  # every held-out task, once
+    assert len(set(ids)) == 12 and all(i.startswith("test/") for i in ids)
+    assert ev.mistakes["failures"][0]["actions"] == [
+        ["search[zzz]", "wrong_query"],
+        ["search[zzz]", "invalid_action"],
+        ["search[zzz]", "invalid_action"],
+    ]
     # not asked for: nothing labelled
     plain = evaluate(FixedAction(tok, "search[zzz]"), PlainRenderer(tok), make, episodes=2,
                      sampling=SamplingParams(), max_turns=3)  # fmt: skip
@@ -173,3 +185,44 @@ def test_an_env_without_a_label_rule_is_refused_in_one_line(capsys) -> None:  # 
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "env 'recall' has none (envs with one: shop, tools)" in err
+
+
+def test_failures_prints_the_first_n_failed_episodes_with_their_labels() -> None:
+    """``credo eval --failures N``: one line per failed episode, its task first, a label
+    after each action that is not ``ok`` (brackets printed as they are, not as markup)."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from credo.cli import _print_failures
+
+    steps = [
+        LabelledStep("test/3", 0, 0, "", "click[2]", "ok", "", "", False),
+        LabelledStep("test/3", 0, 1, "", "choose[xl]", "invalid_action", "", "", False),
+        LabelledStep("test/3", 0, 2, "", "back", "ok", "", "", False),
+        LabelledStep("test/4", 1, 0, "", "buy", "ok", "", "", True),
+        LabelledStep("test/5", 2, 0, "", "search[red]", "wrong_query", "", "", False),
+    ]
+    ev = SimpleNamespace(mistakes=mistake_summary(steps))  # what _print_failures reads
+    console = Console(record=True, width=200)
+    _print_failures(console, ev, 1)
+    lines = console.export_text().splitlines()
+    assert lines == [
+        "the first 1 failed episodes (actions; [label] after a mistake):",
+        "test/3: click[2] | choose[xl] [invalid_action] | back",
+    ]
+    console = Console(record=True, width=200)
+    _print_failures(console, ev, 5)  # more than there are: both failures, not the success
+    assert console.export_text().splitlines()[1:] == [
+        "test/3: click[2] | choose[xl] [invalid_action] | back",
+        "test/5: search[red] [wrong_query]",
+    ]
+    console = Console(record=True, width=200)
+    _print_failures(console, ev, 0)
+    assert console.export_text() == ""
+
+
+def test_a_negative_failures_count_is_refused_in_one_line(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["eval", "--model", "smollm2-135m", "--failures", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--failures must be 0 or more (got -1)" in err

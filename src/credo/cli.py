@@ -3,7 +3,7 @@
 credo train [--recipe grpo] [--env shop] [--model NAME_OR_PATH] [key.sub=value ...]
 credo train --resume RUN_DIR [train.iterations=N]     continue (or extend) a run
 credo sft [--recipe grpo] [key.sub=value ...]       the warm start alone
-credo eval RUN_DIR [--episodes 500] [--greedy] [--trials 8 --k 1,2,4] [--mistakes]
+credo eval RUN_DIR [--episodes 500] [--greedy] [--trials 8 --k 1,2,4] [--mistakes] [--failures 5]
 credo eval --model NAME_OR_PATH --env shop [--episodes 50] [key.sub=value ...]
 credo play [--env shop] [--task 0] [key.sub=value ...]   play an env yourself
 credo compare --recipes a,b --seeds 3 [key.sub=value ...]
@@ -321,6 +321,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from credo.commands.evaluate import evaluate_target
 
     _positive("--episodes", args.episodes)
+    if args.failures < 0:
+        raise UsageError(f"--failures must be 0 or more (got {args.failures})")
     if args.run_dir is None and args.model is None:
         raise UsageError("give a run folder (credo eval RUN_DIR) or --model NAME_OR_PATH")
     if args.run_dir is not None:
@@ -345,7 +347,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         overrides=overrides,
         trials=args.trials,
         ks=_eval_ks(args),
-        mistakes=args.mistakes,
+        mistakes=args.mistakes or args.failures > 0,
     )
     console = _console()
     console.print(
@@ -358,6 +360,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _print_passk(console, res["eval"])
     _print_by_env(console, [("policy", res["eval"])])
     _print_mistakes(console, res["eval"])
+    _print_failures(console, res["eval"], args.failures)
     if args.json:
         print(json.dumps(res["eval"].to_dict()))
     return 0
@@ -382,6 +385,23 @@ def _print_mistakes(console: Any, ev: Any) -> None:
     title = f"how the actions went wrong ({m['failed']} failed episodes)"
     cols = ["label", "share of actions", "first mistake of a failed episode"]
     console.print(_table(title, cols, rows))
+
+
+def _print_failures(console: Any, ev: Any, n: int) -> None:
+    """``--failures N``: the first N failed episodes, one line each: its task, then every
+    action, a label after each that is not ``ok``."""
+    shown = ev.mistakes.get("failures", [])[:n] if ev.mistakes else []
+    if not shown:
+        return
+    console.print(
+        f"the first {len(shown)} failed episodes (actions; [label] after a mistake):",
+        markup=False,
+    )
+    for ep in shown:
+        acts = " | ".join(
+            a.strip() if label == "ok" else f"{a.strip()} [{label}]" for a, label in ep["actions"]
+        )
+        console.print(f"{ep['task_id']}: {acts}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _eval_ks(args: argparse.Namespace) -> tuple[int, ...]:
@@ -898,6 +918,7 @@ def build_parser() -> argparse.ArgumentParser:
         credo eval runs/grpo-shop-20260101-120000 --episodes 200
         credo eval runs/grpo-shop-20260101-120000 --greedy rollout.temperature=0.7
         credo eval runs/grpo-shop-20260101-120000 --mistakes
+        credo eval runs/grpo-shop-20260101-120000 --failures 10
         credo eval --model smollm2-135m --env shop --episodes 50
         """,
     )
@@ -913,6 +934,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="label every action with the env's label rule (shop, tools) and tally how "
         "the episodes went wrong",
+    )
+    e.add_argument(
+        "--failures",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print the first N failed episodes, each action with its label (implies "
+        "--mistakes; default 0)",
     )
     e.add_argument("--json", action="store_true", help="also print the result as JSON")
     e.set_defaults(func=cmd_eval)

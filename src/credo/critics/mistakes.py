@@ -12,7 +12,13 @@ rules CAST's critic learns from), and two tallies come out:
   out of turns). An episode usually fails for its first mistake: a wrong search leads to
   a wrong item, which the later counts would book as ``wrong_item``.
 
-``credo eval RUN --mistakes`` prints both.
+The failed episodes themselves come out too, each action with its label (``failures``):
+the tallies say how often, these show the pattern (on ``shop/multi`` GRPO's weakest seed
+re-opened an item it had found wanting, ``click[2] choose[xl] back click[2] ...``, until
+its turns ran out, which no tally names).
+
+``credo eval RUN --mistakes`` prints both tallies, ``--failures N`` the first N failed
+episodes.
 
 :func:`advantage_by_mistake` asks the question the other way round, of a credit
 estimator: how much lower does it rate each kind of mistake than the right action of the
@@ -51,23 +57,28 @@ def mistake_summary(steps: Sequence[LabelledStep]) -> dict[str, Any]:
 
     Returns:
         ``{"actions": {class: share of the labelled actions}, "failed": failed episodes,
-        "first_mistake": {class: failed episodes whose first non-ok action has it}}``,
-        classes in decreasing order of count, zero counts left out.
+        "first_mistake": {class: failed episodes whose first non-ok action has it},
+        "failures": [{"task_id", "actions": [[action, class], ...]}, ...]}``, classes in
+        decreasing order of count, zero counts left out; ``failures`` lists every failed
+        episode in the order its first step comes, its actions in the order of its steps
+        (turn order, as :func:`~credo.critics.labeller.label_episodes` gives them).
     """
     actions = Counter(s.error for s in steps)
     first: dict[int, str] = {}
-    failed: set[int] = set()
+    failures: dict[int, dict[str, Any]] = {}
     for s in steps:
         if not s.success:
-            failed.add(s.episode)
+            ep = failures.setdefault(s.episode, {"task_id": s.task_id, "actions": []})
+            ep["actions"].append([s.action, s.error])
             if not s.ok:
                 first.setdefault(s.episode, s.error)
-    mistakes = Counter(first.get(e, "none") for e in failed)
+    mistakes = Counter(first.get(e, "none") for e in failures)
     total = max(1, len(steps))
     return {
         "actions": {c: n / total for c, n in actions.most_common()},
-        "failed": len(failed),
+        "failed": len(failures),
         "first_mistake": dict(mistakes.most_common()),
+        "failures": list(failures.values()),
     }
 
 
