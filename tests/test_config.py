@@ -105,6 +105,9 @@ def test_warm_start_cache_key_follows_what_the_warm_start_depends_on() -> None:
         "rollout.history_turns=1",
     ):
         assert warm_start_key(load_config("grpo", [change])) != base, change
+    # the built-in model's history: null means 3 past actions, and shares 3's warm start
+    assert warm_start_key(load_config("grpo", ["rollout.history_turns=3"])) == base
+    assert warm_start_key(load_config("grpo", ["rollout.history_turns=2"])) != base
     # the privileged-text settings count only when they are on
     assert warm_start_key(load_config("grpo", ["sft.privileged_share=0.25"])) == base
     on = warm_start_key(load_config("grpo", ["sft.privileged=oracle"]))
@@ -113,6 +116,30 @@ def test_warm_start_cache_key_follows_what_the_warm_start_depends_on() -> None:
         warm_start_key(load_config("grpo", ["sft.privileged=oracle", "sft.privileged_share=1"]))
         != on
     )
+
+
+def test_history_turns_default_is_three_past_actions_built_in_and_two_turns_for_llms() -> None:
+    """``rollout.history_turns: null``: 3 for the built-in model (its prompt shows past
+    actions only; with 2 an invalid ``choose`` and a ``back`` hid the ``click`` that opened
+    an item on ``shop/multi``), 2 for HF chat models; a number is used as written, and
+    the runs render with it."""
+    from credo.train.run import build_run, history_turns
+
+    cfg = load_config("grpo")
+    assert cfg.rollout.history_turns is None
+    assert history_turns(cfg, builtin=True) == 3 and history_turns(cfg, builtin=False) == 2
+    two = load_config("grpo", ["rollout.history_turns=2"])
+    assert history_turns(two, builtin=True) == 2 and history_turns(two, builtin=False) == 2
+    tiny = [
+        "sft.enabled=false",
+        "model.tiny={hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}",
+    ]
+    for overrides, want in (([], 3), (["rollout.history_turns=1"], 1)):
+        run = build_run(load_config("grpo", [*tiny, *overrides]))
+        try:
+            assert run.renderer.history_turns == want
+        finally:
+            run.close()
 
 
 def test_warm_start_eval_cache_key_ignores_training_only_rollout_settings() -> None:
@@ -137,6 +164,7 @@ def test_warm_start_eval_cache_key_ignores_training_only_rollout_settings() -> N
         "rollout.env_workers=2",
         "optim.lr=1e-5",
         "credit.estimator=gigpo",
+        "rollout.history_turns=3",  # what null means for the built-in model
     ):
         assert name(same) == base, same
     for changed in (

@@ -68,17 +68,20 @@ sys.path.insert(0, str(ROOT))
 GOLDEN = Path(__file__).parent / "data" / "golden_metrics.json"
 VOLATILE = ("time/", "perf/", "teacher/seconds", "rapo/seconds")  # wall-clock measurements
 
-#: ``optim.zero_grad_step=true`` and ``optim.max_kl=null``: the references were written
-#: before their defaults became false (docs/studies/zero-grad-step.md) and 0.2
-#: (docs/results.md#the-default-run); pinned, they stay valid on every stored CPU. The skip
-#: is checked by hand in tests/test_engine_step.py, the trust region in
-#: tests/test_update_guard.py and by the ``grpo-max-kl`` case below.
+#: ``optim.zero_grad_step=true``, ``optim.max_kl=null`` and ``rollout.history_turns=2``:
+#: the references were written before their defaults became false
+#: (docs/studies/zero-grad-step.md), 0.2 (docs/results.md#the-default-run) and, for the
+#: built-in model, 3 (docs/studies/history-multi.md); pinned, they stay valid on every
+#: stored CPU. The skip is checked by hand in tests/test_engine_step.py, the trust region
+#: in tests/test_update_guard.py and by the ``grpo-max-kl`` case below, the history by
+#: the ``grpo-history-default`` case.
 SMALL = [
     *SMALL_RUN,
     "train.iterations=3",
     "train.checkpoint_every=2",
     "optim.zero_grad_step=true",
     "optim.max_kl=null",
+    "rollout.history_turns=2",
 ]
 
 #: Recipes whose teacher is a folder given on the command line (``opd``, ``oprd``): they
@@ -139,6 +142,8 @@ CASES = [
     # the warm start reads its privileged text first (sft.privileged_steps)
     ("renyi_opsd-reading-first", "renyi_opsd", ["sft.privileged_steps=20"]),
     ("klpo-topk", "klpo", ["objective.params={beta: 0.1, kl: topk}", "rollout.topk_logprobs=4"]),
+    # the built-in model's default history since 2026-12-07: three past actions
+    ("grpo-history-default", "grpo", ["rollout.history_turns=null"]),
 ]
 
 

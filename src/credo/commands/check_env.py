@@ -11,7 +11,7 @@ from credo.policy.tokenizer import build_word_tokenizer
 from credo.rollout.envcheck import EnvCheck, check_env
 from credo.rollout.render import Renderer, make_renderer
 from credo.train.config import Config
-from credo.train.run import env_factory, env_vocabulary
+from credo.train.run import env_factory, env_vocabulary, history_turns
 
 __all__ = ["check_env_of", "check_tokenizer"]
 
@@ -47,7 +47,7 @@ def check_tokenizer(cfg: Config, make: Callable[[], Any]) -> tuple[Any, Renderer
     renderer = make_renderer(
         tokenizer,
         builtin=builtin,
-        history_turns=cfg.rollout.history_turns,
+        history_turns=history_turns(cfg, builtin=builtin),
         env=env,
         history_tokens=cfg.rollout.history_tokens,
     )

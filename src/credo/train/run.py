@@ -57,6 +57,7 @@ __all__ = [
     "env_factory",
     "env_pool",
     "env_vocabulary",
+    "history_turns",
     "max_new_tokens",
     "model_problem",
     "sampling_for",
@@ -66,6 +67,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 #: ``rollout.max_new_tokens: null`` means this many tokens per response.
 DEFAULT_MAX_NEW_TOKENS = {"builtin": 16, "hf": 48}
+
+#: ``rollout.history_turns: null`` means this many past turns in the prompt (the built-in
+#: model's are actions only; see :class:`~credo.train.config.schema.RolloutConfig`).
+DEFAULT_HISTORY_TURNS = {"builtin": 3, "hf": 2}
 
 
 @dataclass
@@ -393,7 +398,7 @@ def build_renderer(
     return make_renderer(
         policy.tokenizer,
         builtin=builtin,
-        history_turns=cfg.rollout.history_turns,
+        history_turns=history_turns(cfg, builtin=builtin),
         env=env,
         system_prompt=cfg.rollout.system_prompt,
         user_prompt=cfg.rollout.user_prompt,
@@ -428,6 +433,13 @@ def max_new_tokens(cfg: Config, *, builtin: bool) -> int:
     if cfg.rollout.max_new_tokens is not None:
         return cfg.rollout.max_new_tokens
     return DEFAULT_MAX_NEW_TOKENS["builtin" if builtin else "hf"]
+
+
+def history_turns(cfg: Config, *, builtin: bool) -> int:
+    """``rollout.history_turns``, or its model-dependent default (3 built-in, 2 HF)."""
+    if cfg.rollout.history_turns is not None:
+        return cfg.rollout.history_turns
+    return DEFAULT_HISTORY_TURNS["builtin" if builtin else "hf"]
 
 
 def env_factory(cfg: Config) -> Callable[[], Any]:

@@ -32,7 +32,7 @@ from credo.teachers import privileged_prompt_ids
 from credo.teachers.sanitise import sanitise
 from credo.train.config import Config, config_hash
 from credo.train.progress import Progress
-from credo.train.run import Run, add_adapters, max_new_tokens
+from credo.train.run import Run, add_adapters, history_turns, max_new_tokens
 from credo.train.sft import Demonstrations, collect_demonstrations, sft_train
 from credo.utils.atomic import remove_leftovers, temp_path, write_text_atomic
 from credo.utils.cache import cache_dir
@@ -112,7 +112,13 @@ def warm_start_key(cfg: Config) -> str:
             **{k: v for k, v in asdict(cfg.sft).items() if k not in skip},
             "steps": sft_steps(cfg),  # resolved: null and the number it means share a key
         },
-        "history_turns": cfg.rollout.history_turns,
+        # the built-in model's resolved (null and the number it means share a key); a
+        # model folder's as written (a tiny one there counts as built-in when it loads)
+        "history_turns": (
+            history_turns(cfg, builtin=True)
+            if cfg.model.name is None
+            else cfg.rollout.history_turns
+        ),
         "seed": cfg.warm_start_seed,
         "code": _code_fingerprint(cfg),
     }
@@ -427,6 +433,7 @@ def eval_cache_name(cfg: Config, warm_key: str, *, builtin: bool) -> str:
     edited in place is evaluated afresh."""
     rollout = asdict(cfg.rollout)
     rollout["max_new_tokens"] = max_new_tokens(cfg, builtin=builtin)
+    rollout["history_turns"] = history_turns(cfg, builtin=builtin)
     if cfg.rollout.agent:
         rollout["agent_code"] = user_code_digest(cfg.rollout.agent.rpartition(":")[0])
     for k in EVAL_IGNORES_ROLLOUT:

@@ -111,8 +111,14 @@ class RolloutConfig:
         max_new_tokens: response cap per turn; ``None`` (default) = 16 for the built-in
             model (actions are a few words), 48 for HF chat models (room for a few words
             around the action).
-        history_turns: past turns shown in the prompt (default 2): for the built-in model
-            their actions, for chat models (observation, action) turns.
+        history_turns: past turns shown in the prompt: for the built-in model their
+            actions, for chat models (observation, action) turns. ``None`` (default) = 3
+            for the built-in model, 2 for HF chat models. The built-in model's prompt
+            shows the page and the past actions only: with two, on ``shop/multi`` an
+            invalid ``choose`` and a ``back`` pushed the ``click`` that opened an item out
+            of view, and GRPO's policy re-opened the item it had found wanting until its
+            turns ran out (``studies/history-multi.yaml``; 2 was the default until
+            2026-12-07). Chat models keep the 2 their LLM results were measured with.
         notes: the built-in model's response may state a note before its action,
             ``<note> action : <action>``; the action is what follows the last ``action :``
             (default false: the whole response is the action). SpatialCLI's internalised
@@ -227,7 +233,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int | None = None
-    history_turns: int = 2
+    history_turns: int | None = None
     notes: bool = False
     history_tokens: int = 0
     system_prompt: str | None = None
