@@ -292,6 +292,8 @@ def test_every_stored_cpu_passes_the_comparison_against_the_others() -> None:
     new: each would have been accepted (the per-metric rule used before failed the AVX2
     CPU on ``klpo``). Metrics a reference lacks (added after it was written) are left out."""
     for case, refs in json.loads(GOLDEN.read_text()).items():
+        if len(refs) < 2:  # a case written on one CPU so far: no other to compare with
+            continue
         for cpu, got in refs.items():
             others = {
                 c: {
