@@ -4,6 +4,14 @@ On ``examples.custom_env:GuessEnv`` with a 64-wide built-in model, this warm sta
 about a third of the tasks, so groups mix successes and failures and every iteration has
 signal (non-zero advantages and gradients). The warm start is the same for every test
 that uses :data:`WARM` (one config hash), so the session cache trains it once.
+
+The prompt keeps two past actions (``rollout.history_turns=2``), the built-in model's
+default before 2026-12-07, under which these runs were calibrated. With three (CI,
+2026-12-07), MT-SDPO's first two iterations had no failed group, so its teacher pool was
+never consulted, and the reward-routed OPD students ended 0.22 and 0.12 from their
+teacher against 0.55 and 0.38 without its reward, short of the 4x the teacher test
+asks. The default itself is pinned by ``tests/test_config.py`` and the golden case
+``grpo-history-default``.
 """
 
 #: The env, the model and its warm start.
@@ -16,6 +24,7 @@ WARM = [
     "sft.noisy_steps=20",
     "sft.epsilon=0.5",
     "rollout.max_new_tokens=6",
+    "rollout.history_turns=2",
     "train.threads=1",
 ]
 
