@@ -296,7 +296,7 @@ def test_a_case_whose_stored_cpus_part_is_compared_on_its_first_episodes() -> No
 def test_a_case_written_on_one_cpu_is_compared_on_its_first_episodes() -> None:
     """One CPU cannot show whether a case's updates round apart elsewhere:
     ``grpo-history-default``, written on an AVX-512 CPU only, sampled other episodes on an
-    AVX2 CPU from its third iteration (CI, stop 71). Such a case is compared on another CPU
+    AVX2 CPU from its third iteration (CI, 2026-12-07). Such a case is compared on another CPU
     as a chaotic one, until a second CPU's reference shows whether it is."""
     refs = {"intel": _record("intel", 0.57, 1.0)}
     assert _chaotic(list(refs.values()))
